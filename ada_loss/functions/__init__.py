@@ -1,0 +1,14 @@
+"""Chainer ``FunctionNode``s of the GEMM layers, scale-aware and FP16-emulating.
+
+Drop-in replacements of ``chainer.functions.linear``, ``convolution_2d`` and
+``deconvolution_2d``: same arguments, same results in float32. On float16
+NumPy arrays they compute with FP32 accumulation (see
+:mod:`ada_loss.formats.fp16_gemm`), and their backward honours a layer-wise
+loss scale β for the input gradient (Algorithm 3).
+"""
+from ada_loss.functions.gemm import GemmFunction, gemm_function_types  # NOQA
+from ada_loss.functions.linear import LinearFunction, linear  # NOQA
+from ada_loss.functions.convolution_2d import (  # NOQA
+    Convolution2DFunction, convolution_2d)
+from ada_loss.functions.deconvolution_2d import (  # NOQA
+    Deconvolution2DFunction, deconvolution_2d)

@@ -1,0 +1,39 @@
+"""2-D convolution GEMM (chainer.functions.convolution_2d)."""
+from chainer.functions.connection import convolution_2d as _conv
+
+from ada_loss.functions.gemm import FP16Emulation, GemmFunction
+
+
+class Convolution2DGradW(FP16Emulation, _conv.Convolution2DGradW):
+    """gW of a convolution (also of a deconvolution, with x and gy swapped)."""
+
+
+class Convolution2DFunction(GemmFunction, FP16Emulation,
+                            _conv.Convolution2DFunction):
+
+    bias_axis = (0, 2, 3)
+
+    def grad_input(self, x, W, gy, scale):
+        from ada_loss.functions.deconvolution_2d import Deconvolution2DFunction
+        f = Deconvolution2DFunction(
+            stride=(self.sy, self.sx), pad=(self.ph, self.pw),
+            outsize=x.shape[2:], dilate=(self.dy, self.dx),
+            groups=self.groups)
+        f.output_scale = scale
+        gx, = f.apply((gy, W))
+        return gx
+
+    def grad_weight(self, x, W, gy):
+        gW, = Convolution2DGradW(self, W.shape, W.dtype, W.layout).apply(
+            (x, gy))
+        return gW
+
+
+def convolution_2d(x, W, b=None, stride=1, pad=0, cover_all=False,
+                   dilate=1, groups=1, scale_key=None):
+    """Same as :func:`chainer.functions.convolution_2d`."""
+    func = Convolution2DFunction(stride, pad, cover_all, dilate=dilate,
+                                 groups=groups)
+    func.scale_key = scale_key
+    y, = func.apply((x, W) if b is None else (x, W, b))
+    return y

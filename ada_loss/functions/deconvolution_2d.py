@@ -1,0 +1,40 @@
+"""2-D deconvolution (transposed convolution) GEMM."""
+from chainer.functions.connection import deconvolution_2d as _deconv
+
+from ada_loss.functions.convolution_2d import (
+    Convolution2DFunction, Convolution2DGradW)
+from ada_loss.functions.gemm import FP16Emulation, GemmFunction
+
+
+class Deconvolution2DFunction(GemmFunction, FP16Emulation,
+                              _deconv.Deconvolution2DFunction):
+
+    bias_axis = (0, 2, 3)
+
+    def grad_input(self, x, W, gy, scale):
+        if self.cover_all is None:
+            self._set_cover_all(x.shape, W.shape)
+        f = Convolution2DFunction(
+            stride=(self.sy, self.sx), pad=(self.ph, self.pw),
+            cover_all=self.cover_all, dilate=(self.dy, self.dx),
+            groups=self.groups)
+        f.output_scale = scale
+        gx, = f.apply((gy, W))
+        return gx
+
+    def grad_weight(self, x, W, gy):
+        if self.cover_all is None:
+            self._set_cover_all(x.shape, W.shape)
+        gW, = Convolution2DGradW(self, W.shape, W.dtype, W.layout).apply(
+            (gy, x))
+        return gW
+
+
+def deconvolution_2d(x, W, b=None, stride=1, pad=0, outsize=None, dilate=1,
+                     groups=1, scale_key=None):
+    """Same as :func:`chainer.functions.deconvolution_2d`."""
+    func = Deconvolution2DFunction(stride, pad, outsize, dilate=dilate,
+                                   groups=groups)
+    func.scale_key = scale_key
+    y, = func.apply((x, W) if b is None else (x, W, b))
+    return y

@@ -1,0 +1,85 @@
+"""Linear, Convolution2D, Deconvolution2D (and Chainer's DilatedConvolution2D)."""
+import chainer.links as L
+from chainer import memory_layouts
+from chainer import utils
+
+from ada_loss import functions
+
+
+class _GemmLink(object):
+    #: Path of the layer in its model (e.g. ``'res2/0/conv1'``); names the
+    #: layer's loss scale. Set by :class:`ada_loss.AdaLossScaled`.
+    scale_key = None
+
+
+class Linear(_GemmLink, L.Linear):
+    """:class:`chainer.links.Linear` on :func:`ada_loss.functions.linear`."""
+
+    def forward(self, x, n_batch_axes=1):
+        if self.W.array is None:
+            self._initialize_params(
+                utils.size_of_shape(x.shape[n_batch_axes:]))
+        return functions.linear(x, self.W, self.b, n_batch_axes=n_batch_axes,
+                                scale_key=self.scale_key)
+
+
+class Convolution2D(_GemmLink, L.Convolution2D):
+    """:class:`chainer.links.Convolution2D` on
+    :func:`ada_loss.functions.convolution_2d`."""
+
+    def forward(self, x):
+        if self.W.raw_array is None:
+            _, c, _, _ = memory_layouts.get_semantic_shape(
+                x, assumed_layout=self.x_layout)
+            self._initialize_params(c)
+        return functions.convolution_2d(
+            x, self.W, self.b, self.stride, self.pad, dilate=self.dilate,
+            groups=self.groups, scale_key=self.scale_key)
+
+
+class DilatedConvolution2D(_GemmLink, L.DilatedConvolution2D):
+    """:class:`chainer.links.DilatedConvolution2D` (used by ChainerCV's VGG16)
+    on :func:`ada_loss.functions.convolution_2d`."""
+
+    def forward(self, x):
+        if self.W.array is None:
+            self._initialize_params(x.shape[1])
+        return functions.convolution_2d(
+            x, self.W, self.b, self.stride, self.pad, dilate=self.dilate,
+            scale_key=self.scale_key)
+
+
+class Deconvolution2D(_GemmLink, L.Deconvolution2D):
+    """:class:`chainer.links.Deconvolution2D` on
+    :func:`ada_loss.functions.deconvolution_2d`."""
+
+    def forward(self, x):
+        if self.W.array is None:
+            self._initialize_params(x.shape[1])
+        return functions.deconvolution_2d(
+            x, self.W, self.b, self.stride, self.pad, self.outsize,
+            dilate=self.dilate, groups=self.groups, scale_key=self.scale_key)
+
+
+#: Chainer GEMM link type -> its ada_loss counterpart.
+GEMM_LINK_TYPES = {
+    L.Linear: Linear,
+    L.Convolution2D: Convolution2D,
+    L.DilatedConvolution2D: DilatedConvolution2D,
+    L.Deconvolution2D: Deconvolution2D,
+}
+
+
+def as_gemm_link(link):
+    """Makes ``link`` an ada_loss GEMM link in place; returns False if unknown.
+
+    Only the class changes: parameters, their values and names stay, and the
+    forward result is the same in float32.
+    """
+    if isinstance(link, _GemmLink):
+        return True
+    target = GEMM_LINK_TYPES.get(type(link))
+    if target is None:
+        return False
+    link.__class__ = target
+    return True
