@@ -1,0 +1,171 @@
+"""Adaptive loss scaling for an unmodified Chainer model (paper §3)."""
+import collections
+import math
+import warnings
+
+import chainer
+import numpy
+
+from ada_loss.adaptive.backward import ScaledBackprop
+from ada_loss.formats import get_format
+from ada_loss.links import as_gemm_link
+from ada_loss.loss_scale.gemm import gemm_loss_scale, round_down_pow2
+
+
+def _is_power_of_two(x):
+    return x > 0 and math.isfinite(x) and math.frexp(x)[0] == 0.5
+
+
+class AdaLossScaled(object):
+    """Makes a model's GEMM layers scale-aware and runs ⟨α, δ⟩ backward.
+
+    Every ``chainer.links.Linear``, ``Convolution2D``,
+    ``DilatedConvolution2D`` and ``Deconvolution2D`` anywhere in the model
+    tree (Chain, ChainList, Sequential) becomes its :mod:`ada_loss.links`
+    counterpart in place: same parameters, values and names, same float32
+    forward results. Other layers and every function need no change.
+
+    Use :meth:`backward` instead of ``loss.backward()``; then
+    ``optimizer.update()`` unscales each parameter's gradient by its own α in
+    FP32.
+
+    Args:
+        model (chainer.Link): the model (converted in place).
+        init_scale (float): α_{N+1}, the scale of the loss gradient (§3.1).
+        t_uf (float): T_uf, the allowed underflow rate (§3.2.1).
+        update_interval (int): recompute β every this many backward passes
+            and reuse the last β in between (§4.3).
+        fmt (str): gradient format whose range is targeted ('float16'; with
+            float32 arrays this still targets FP16's range, which makes the
+            method testable bit for bit).
+        upper_bound_fan_in (bool): *not in the paper* (reference code):
+            divide the overflow bound of each layer by its fan-in.
+        max_layer_scale (float): *not in the paper*: cap on each β.
+        max_accum_scale (float): *not in the paper*: cap on each α.
+        verbose (bool): print which layers were converted.
+    """
+
+    def __init__(self, model, init_scale=1.0, t_uf=1e-3, update_interval=1,
+                 fmt='float16', upper_bound_fan_in=False,
+                 max_layer_scale=None, max_accum_scale=None, verbose=True):
+        if not (init_scale > 0 and math.isfinite(init_scale)):
+            raise ValueError('init_scale must be a positive finite number, '
+                             'got {!r}'.format(init_scale))
+        if not _is_power_of_two(init_scale):
+            warnings.warn('init_scale {} is not a power of two: scaling and '
+                          'unscaling are not exact'.format(init_scale))
+        if not 0 < t_uf < 1:
+            raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
+        if int(update_interval) != update_interval or update_interval < 1:
+            raise ValueError('update_interval must be a positive integer, got '
+                             '{!r}'.format(update_interval))
+        for name, cap in (('max_layer_scale', max_layer_scale),
+                          ('max_accum_scale', max_accum_scale)):
+            if cap is not None and not cap >= 1:
+                raise ValueError('{} must be None or >= 1, got {!r}'
+                                 .format(name, cap))
+        self.model = model
+        self.init_scale = float(init_scale)
+        self.t_uf = float(t_uf)
+        self.update_interval = int(update_interval)
+        self.fmt = get_format(fmt)
+        self.upper_bound_fan_in = bool(upper_bound_fan_in)
+        self.max_layer_scale = max_layer_scale
+        self.max_accum_scale = max_accum_scale
+        self.iteration = 0
+        self._betas = {}
+        self._records = collections.OrderedDict()
+        self._foreign_reported = set()
+        self.converted, self.not_converted = self._convert(model)
+        if verbose:
+            print(self.summary())
+
+    # -- conversion -------------------------------------------------------
+    @staticmethod
+    def _convert(model):
+        converted, not_converted = [], []
+        for path, link in model.namedlinks():
+            path = path.lstrip('/')
+            if as_gemm_link(link):
+                link.scale_key = path
+                converted.append(path)
+            elif 'W' in link._params and not link._children:
+                # A parametric leaf link of an unknown type: its parameter
+                # gradients are still unscaled correctly, but its β is 1.
+                not_converted.append('{} ({})'.format(
+                    path, type(link).__name__))
+        return converted, not_converted
+
+    def summary(self):
+        lines = ['AdaLossScaled: {} GEMM layers made scale-aware: {}'.format(
+            len(self.converted), ', '.join(self.converted) or '-')]
+        if self.not_converted:
+            lines.append('  links with weights not converted (loss scale '
+                         'passed through, beta = 1): '
+                         + ', '.join(self.not_converted))
+        return '\n'.join(lines)
+
+    # -- Algorithm 4 + options -------------------------------------------
+    def _gemm_scale(self, func, W, g, alpha):
+        key = func.scale_key
+        recompute = ((self.iteration - 1) % self.update_interval == 0
+                     or key not in self._betas)
+        if recompute:
+            upper_div = W.size // W.shape[0] if self.upper_bound_fan_in else 1
+            beta = gemm_loss_scale(W, g, self.t_uf, self.fmt,
+                                   upper_div=upper_div,
+                                   max_scale=self.max_layer_scale)
+            self._betas[key] = beta
+        beta = self._betas[key]
+        if self.max_accum_scale is not None and \
+                alpha * beta > self.max_accum_scale:
+            beta = round_down_pow2(self.max_accum_scale / alpha)
+        return beta
+
+    # -- the backward pass ------------------------------------------------
+    def backward(self, loss):
+        """⟨α, δ⟩ backpropagation from ``loss`` (Algorithm 3).
+
+        Leaves (parameters) get ``.grad`` scaled by their α and
+        ``._loss_scale = α``: Chainer's ``UpdateRule`` divides by it in FP32.
+        """
+        self.iteration += 1
+        bp = ScaledBackprop(self._gemm_scale, self.fmt.u_max)
+        bp.run(loss, self.init_scale)
+        self._records = bp.gemm_records
+        new = set(bp.foreign_gemms) - self._foreign_reported
+        if new:
+            self._foreign_reported |= new
+            warnings.warn(
+                'AdaLossScaled: GEMMs computed by raw Chainer functions pass '
+                'the loss scale through unchanged (beta = 1); use '
+                'ada_loss.functions or links to scale them: '
+                + '; '.join(sorted(new)))
+
+    def loss_scales(self):
+        """{layer path: α used for that layer's weight update} (last pass).
+
+        Keys are link paths without the leading slash (``'res2/0/conv1'``),
+        values are Python floats (powers of two).
+        """
+        return collections.OrderedDict(
+            (k, a) for k, (a, _) in self._records.items())
+
+    def layer_scales(self):
+        """{layer path: β, the local loss scale of that GEMM} (last pass)."""
+        return collections.OrderedDict(
+            (k, b) for k, (_, b) in self._records.items())
+
+    def serialize(self, serializer):
+        """Saves/loads the iteration count and the β cache (for resume)."""
+        self.iteration = int(serializer('iteration', self.iteration))
+        keys = sorted(self._betas)
+        if isinstance(serializer, chainer.serializer.Deserializer):
+            keys = [k for k in str(serializer('beta_keys', '')).split('\n')
+                    if k]
+            vals = serializer('beta_values', None)
+            self._betas = {k: float(v) for k, v in zip(keys, vals)}
+        else:
+            serializer('beta_keys', '\n'.join(keys))
+            serializer('beta_values', numpy.array(
+                [self._betas[k] for k in keys], dtype=numpy.float64))

@@ -1,0 +1,227 @@
+"""Loss-scaled backpropagation with ⟨α, δ⟩ tuples (paper §3.1, Algorithm 3).
+
+Chainer's own backward (``chainer/_backprop.py``) sums every reused variable's
+gradients with ``F.add`` before the producer runs, knowing nothing of scales.
+This module walks the same graph in the same order (a heap of function nodes
+by decreasing rank) but keeps, for every gradient, the scale α it is carried
+at:
+
+* a GEMM node (:class:`ada_loss.functions.GemmFunction`) receives ⟨α, g⟩,
+  computes β = GetLossScale(W, g) (Algorithm 4, §3.2.3), produces its input
+  gradient from β·g at scale α·β, and its weight/bias gradients from g at
+  scale α;
+* every other node passes α through unchanged (§3.2.2: element-wise ops,
+  batch normalization, pooling, reshapes, the loss ...);
+* wherever gradients meet — the several consumers of one variable (fan-out),
+  or the several outputs of one node — they are rescaled to one scale by
+  Algorithm 5 before anything sums them;
+* a leaf (a parameter) ends with its gradient at scale α and ``_loss_scale``
+  set to α, so Chainer's ``UpdateRule`` unscales it in FP32 (with
+  ``use_fp32_update()`` for FP16 parameters) before the optimizer sees it.
+
+Summing is done here, never by Chainer, so gradients at different scales
+cannot be added together.
+"""
+import collections
+import heapq
+
+import numpy
+
+import chainer
+from chainer import backend
+import chainer.functions as F
+from chainer.functions.connection import convolution_2d as _c_conv
+from chainer.functions.connection import deconvolution_2d as _c_deconv
+from chainer.functions.connection import linear as _c_linear
+from chainer.functions.math import matmul as _c_matmul
+
+from ada_loss.functions.gemm import GemmFunction
+from ada_loss.loss_scale.branch import common_scale
+
+#: Chainer's own GEMM nodes: they work, but pass the scale through (β = 1).
+FOREIGN_GEMMS = (_c_linear.LinearFunction, _c_conv.Convolution2DFunction,
+                 _c_deconv.Deconvolution2DFunction, _c_matmul.MatMul)
+
+
+class ScaleAwareBackwardError(RuntimeError):
+    """A graph construct the ⟨α, δ⟩ backward cannot handle safely."""
+
+
+def _max_abs(v):
+    a = v.array
+    xp = backend.get_array_module(a)
+    return float(xp.max(xp.abs(a))) if a.size else 0.0
+
+
+def _rescale(v, ratio):
+    """``ratio · v`` for a power-of-two ``ratio``: exact up to underflow."""
+    if ratio == 1:
+        return v
+    a = v.array
+    if a.dtype == numpy.float16:
+        # 2^-k may itself be below FP16's range: scale in FP32, round once.
+        a = (a.astype(numpy.float32) * numpy.float32(ratio)).astype(a.dtype)
+    else:
+        a = a * a.dtype.type(ratio)
+    return chainer.Variable(a, requires_grad=False)
+
+
+class ScaledBackprop(object):
+    """One ⟨α, δ⟩ backward pass; see the module docstring.
+
+    Args:
+        gemm_scale (callable): ``gemm_scale(func, W, g, alpha)`` → β for a
+            GEMM node, or ``None`` to keep β = 1.
+        u_max (float): largest finite value of the gradient format (for
+            Algorithm 5's overflow test).
+    """
+
+    def __init__(self, gemm_scale, u_max):
+        self.gemm_scale = gemm_scale
+        self.u_max = u_max
+        #: {GEMM scale_key: (α of its weight gradient, β)}
+        self.gemm_records = collections.OrderedDict()
+        #: labels of Chainer GEMM nodes met that are not scale-aware
+        self.foreign_gemms = []
+
+    # -- merging ----------------------------------------------------------
+    def _merge(self, entries, where):
+        """Sums [(grad, α)] after rescaling them to a common α (Alg. 5)."""
+        entries = [e for e in entries if e[0] is not None]
+        if not entries:
+            return None, None
+        if len(entries) == 1:
+            return entries[0]
+        scales = [a for _, a in entries]
+        alpha = common_scale(scales, lambda k: _max_abs(entries[k][0]),
+                             self.u_max)
+        grads = [_rescale(g, alpha / a) for g, a in entries]
+        # A left fold in arrival order, like Chainer's eager reduction.
+        total = grads[0]
+        for g in grads[1:]:
+            total = F.add(total, g)
+        return total, alpha
+
+    # -- the pass ---------------------------------------------------------
+    def run(self, loss, init_scale):
+        if loss.creator_node is None:
+            raise ScaleAwareBackwardError(
+                'the loss variable {!r} was not computed by any function'
+                .format(loss.name))
+        gy = loss.grad_var
+        if gy is None:
+            if loss.array.size != 1:
+                raise ScaleAwareBackwardError(
+                    'the loss must be a scalar (or have .grad set); got shape '
+                    '{}'.format(loss.shape))
+            xp = backend.get_array_module(loss.array)
+            gy = chainer.Variable(xp.ones_like(loss.array), requires_grad=False)
+        gy = _rescale(gy, init_scale)
+        loss.grad_var = None
+
+        grads = {}          # VariableNode -> [(Variable, α)]
+        heap, seen = [], set()
+        leaves = collections.OrderedDict()   # leaf VariableNodes, in order
+
+        def add_cand(func):
+            if func not in seen:
+                heapq.heappush(heap, (-func.rank, len(seen), func))
+                seen.add(func)
+
+        grads[loss.node] = [(gy, float(init_scale))]
+        add_cand(loss.creator_node)
+
+        hooks_base = chainer.get_function_hooks().values()
+        with chainer.using_config('enable_backprop', False):
+            while heap:
+                _, _, func = heapq.heappop(heap)
+                self._step(func, grads, add_cand, leaves, hooks_base)
+
+        for node in leaves:
+            entries = grads.pop(node, [])
+            var = node.get_variable_or_none()
+            if var is None:
+                continue
+            if var.grad_var is not None:
+                prev = var._loss_scale
+                entries = [(var.grad_var, 1.0 if prev is None else prev)] \
+                    + entries
+            g, alpha = self._merge(entries, node)
+            var._set_grad_var_without_check(g)
+            var._loss_scale = None if alpha in (None, 1.0) else alpha
+        return self
+
+    def _step(self, func, grads, add_cand, leaves, hooks_base):
+        inputs = func.inputs
+        targets = tuple(i for i, x in enumerate(inputs) if x.requires_grad)
+        outputs = [y() for y in func.outputs]
+        merged = [self._merge(grads.pop(y, []), y)
+                  if y is not None and y.creator_node is not None
+                  else (None, None) for y in outputs]
+        if not targets:
+            return
+        # Several outputs of one node are rescaled to a common α, too.
+        present = [(i, g, a) for i, (g, a) in enumerate(merged)
+                   if g is not None]
+        if not present:
+            return
+        scales = [a for _, _, a in present]
+        alpha = common_scale(scales, lambda k: _max_abs(present[k][1]),
+                             self.u_max)
+        out_grad = [None] * len(outputs)
+        for i, g, a in present:
+            out_grad[i] = _rescale(g, alpha / a)
+        out_grad = tuple(out_grad)
+
+        in_scales = [alpha] * len(inputs)
+        is_gemm = isinstance(func, GemmFunction)
+        if is_gemm:
+            beta = 1.0
+            if 0 in targets:
+                beta = self.gemm_scale(func, func.gemm_weight(),
+                                       out_grad[0].array, alpha)
+            func.grad_input_scale = beta
+            in_scales[0] = alpha * beta
+            self.gemm_records[func.scale_key] = (alpha, beta)
+        elif isinstance(func, FOREIGN_GEMMS):
+            self.foreign_gemms.append('{} {}'.format(
+                func.label, tuple(x.shape for x in inputs)))
+
+        self._check_backward(func)
+        hooks = hooks_base
+        if func._n_local_function_hooks:
+            local = collections.OrderedDict(chainer.get_function_hooks())
+            local.update(func.local_function_hooks)
+            hooks = local.values()
+        in_data = tuple(x.data for x in inputs)
+        out_arrays = tuple(None if g is None else g.array for g in out_grad)
+        for hook in hooks:
+            hook.backward_preprocess(func, in_data, out_arrays)
+        try:
+            gxs = func.backward(targets, out_grad)
+        finally:
+            if is_gemm:
+                func.grad_input_scale = 1
+        for hook in hooks:
+            hook.backward_postprocess(func, in_data, out_arrays)
+
+        if len(gxs) == len(inputs) and len(inputs) != len(targets):
+            gxs = tuple(gxs[i] for i in targets)
+        for i, gx in zip(targets, gxs):
+            if gx is None or gx.raw_array is None:
+                continue
+            x = inputs[i]
+            grads.setdefault(x, []).append((gx, in_scales[i]))
+            if x.creator_node is None:
+                leaves[x] = None
+            else:
+                add_cand(x.creator_node)
+
+    @staticmethod
+    def _check_backward(func):
+        own = type(func).backward
+        if own is chainer.FunctionNode.backward:
+            raise ScaleAwareBackwardError(
+                'function {} implements only backward_accumulate, which sums '
+                'incoming gradients itself: it cannot be used with '
+                'layer-wise loss scaling'.format(func.label))

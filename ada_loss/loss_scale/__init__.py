@@ -1,0 +1,11 @@
+"""The loss-scale mathematics, framework-independent (NumPy/CuPy + SciPy).
+
+* :mod:`~ada_loss.loss_scale.gemm`: Algorithm 4 and the §3.2.3 post-processing.
+* :mod:`~ada_loss.loss_scale.branch`: Algorithm 5 (rescaling at a fan-out).
+* :mod:`~ada_loss.loss_scale.dynamic`: backoff dynamic loss scaling
+  (Kuchaiev et al., 2018), the baseline.
+"""
+from ada_loss.loss_scale.gemm import (  # NOQA
+    gemm_loss_scale, gemm_scale_bounds, round_down_pow2)
+from ada_loss.loss_scale.branch import common_scale  # NOQA
+from ada_loss.loss_scale.dynamic import DynamicLossScale  # NOQA

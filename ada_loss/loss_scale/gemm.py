@@ -1,0 +1,99 @@
+"""Layer-wise loss scale of one GEMM (paper §3.2.1, Algorithm 4, §3.2.3).
+
+For a GEMM with weights W and incoming scaled gradient g = αδ, the products
+p = w·g are modelled as N(0, σ_p²) with
+
+    σ_p² = (σ_w² + μ_w²)(σ_g² + μ_g²)                      (product rule)
+
+and the smallest scale that keeps P(β|p| ≤ u) ≤ T_uf is (Eq. 1)
+
+    lower = u / (σ_p · √2 · erfinv(T_uf)).
+
+Post-processing (§3.2.3): the overflow bound upper = u_max / (max|W|·max|g|);
+β* = max(lower, 1), replaced by upper where upper < β*; then rounded *down* to
+a power of two so that scaling and unscaling are exact.
+"""
+import math
+
+import numpy
+from scipy import special
+
+from ada_loss.formats import get_format
+
+
+def _xp(a):
+    try:
+        import cupy
+        return cupy.get_array_module(a)
+    except ImportError:
+        return numpy
+
+
+def _second_moment(a):
+    # E[a²] = σ² + μ² (population moments), accumulated in float32 or wider so
+    # that an FP16 gradient's statistics are neither flushed nor overflowed.
+    xp = _xp(a)
+    acc = numpy.promote_types(a.dtype, numpy.float32)
+    a = a.astype(acc, copy=False)
+    return float(xp.mean(a * a))
+
+
+def _max_abs(a):
+    xp = _xp(a)
+    return float(xp.max(xp.abs(a))) if a.size else 0.0
+
+
+def round_down_pow2(x):
+    """Largest power of two ≤ x (x > 0, finite)."""
+    m, e = math.frexp(x)        # x = m · 2^e with 0.5 ≤ m < 1
+    return math.ldexp(1.0, e - 1)
+
+
+def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16'):
+    """Raw (lower, upper) bounds of §3.2.1/§3.2.3 before post-processing.
+
+    Returns ``lower = None`` when σ_p = 0 (W or g all zero) and
+    ``upper = None`` when max|W|·max|g| = 0 (no overflow possible).
+    """
+    if not 0 < t_uf < 1:
+        raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
+    f = get_format(fmt)
+    sigma_p = math.sqrt(_second_moment(W) * _second_moment(g))
+    lower = (f.u_min / (sigma_p * math.sqrt(2.0) * float(special.erfinv(t_uf)))
+             if sigma_p > 0 else None)
+    peak = _max_abs(W) * _max_abs(g)
+    upper = f.u_max / peak if peak > 0 else None
+    return lower, upper
+
+
+def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', upper_div=1.0,
+                    max_scale=None):
+    """Loss scale β of one GEMM layer: Algorithm 4 plus §3.2.3.
+
+    Args:
+        W: the layer's weights (NumPy or CuPy array).
+        g: the gradient arriving at the layer's output, as carried (αδ).
+        t_uf (float): allowed underflow probability T_uf (paper: 1e-3).
+        fmt: format whose range is targeted: u = its smallest subnormal
+            (2^-24 for float16), u_max its largest finite value.
+        upper_div (float): *not in the paper*: divide the overflow bound by
+            this (the reference code used the GEMM fan-in). Default 1.
+        max_scale (float or None): *not in the paper*: cap on β.
+
+    Returns:
+        float: a power of two. 1 when σ_p = 0 or the statistics are not
+        finite (a non-finite gradient; that step is skipped anyway).
+    """
+    lower, upper = gemm_scale_bounds(W, g, t_uf, fmt)
+    if lower is None or not math.isfinite(lower):
+        return 1.0
+    beta = max(lower, 1.0)
+    if upper is not None:
+        if not math.isfinite(upper):
+            return 1.0
+        upper /= upper_div
+        if upper < beta:
+            beta = upper
+    if max_scale is not None:
+        beta = min(beta, max_scale)
+    return round_down_pow2(beta)
