@@ -1,0 +1,286 @@
+"""CIFAR-10 and CIFAR-100 read from the official "python version" files.
+
+Layout (https://www.cs.toronto.edu/~kriz/cifar.html)::
+
+    cifar-10-python.tar.gz             cifar-100-python.tar.gz
+    `-- cifar-10-batches-py/           `-- cifar-100-python/
+        |-- data_batch_1 ... _5            |-- train
+        |-- test_batch                     |-- test
+        `-- batches.meta                   `-- meta
+
+Each data file is a pickle of a dict with ``data``, a ``uint8`` array of shape
+``(N, 3072)`` whose rows hold a 32x32 image as 1024 red, then 1024 green, then
+1024 blue bytes (row-major within each plane), and the labels: ``labels`` for
+CIFAR-10, ``fine_labels`` (100 classes) and ``coarse_labels`` (20
+superclasses) for CIFAR-100. The meta files hold the class names. The
+official pickles come from Python 2 and are read with ``encoding='latin1'``
+(their keys are then ``str``); files re-pickled by Python 3 may have ``bytes``
+keys (``b'data'``). Both are accepted. The number of training batches and of
+rows per batch is read from the files, not assumed.
+
+Pickles can run code when loaded: only point the loader at files you trust.
+"""
+import os
+import pickle
+import posixpath
+import re
+import tarfile
+
+import numpy
+
+from ada_loss.datasets.errors import DatasetFormatError
+from ada_loss.datasets.errors import DatasetNotFoundError
+from ada_loss.datasets.image_label_dataset import ImageLabelDataset
+
+#: Environment variable consulted when ``get_cifar`` gets no ``root``.
+CIFAR_ROOT_ENV = 'ADA_LOSS_CIFAR_ROOT'
+
+CIFAR_URL = 'https://www.cs.toronto.edu/~kriz/cifar.html'
+
+_ROW_BYTES = 3 * 32 * 32
+_TRAIN_BATCH = re.compile(r'^data_batch_(\d+)$')
+
+
+class _Spec(object):
+
+    def __init__(self, title, archive, folder, train, test, meta, labels,
+                 names_key):
+        self.title = title
+        self.archive = archive      # name of the official .tar.gz
+        self.folder = folder        # folder the archive extracts to
+        self.train = train          # fixed training file name or None (batches)
+        self.test = test
+        self.meta = meta
+        self.labels = labels        # label kind -> (pickle key, n classes)
+        self.names_key = names_key  # label kind -> meta key of class names
+
+    def train_files(self, names):
+        if self.train is not None:
+            return [self.train] if self.train in names else []
+        batches = [(int(m.group(1)), n) for n in names
+                   for m in [_TRAIN_BATCH.match(n)] if m]
+        return [n for _, n in sorted(batches)]
+
+    def wanted(self, name):
+        return (name in (self.train, self.test, self.meta)
+                or (self.train is None and bool(_TRAIN_BATCH.match(name))))
+
+    def layout(self):
+        train = self.train or 'data_batch_1, data_batch_2, ...'
+        return ('{} (or its extracted folder {}/ holding {}, {} and '
+                'optionally {})'.format(self.archive, self.folder, train,
+                                        self.test, self.meta))
+
+
+_SPECS = {
+    'cifar10': _Spec('CIFAR-10', 'cifar-10-python.tar.gz',
+                     'cifar-10-batches-py', None, 'test_batch',
+                     'batches.meta', {'fine': ('labels', 10)},
+                     {'fine': 'label_names'}),
+    'cifar100': _Spec('CIFAR-100', 'cifar-100-python.tar.gz',
+                      'cifar-100-python', 'train', 'test', 'meta',
+                      {'fine': ('fine_labels', 100),
+                       'coarse': ('coarse_labels', 20)},
+                      {'fine': 'fine_label_names',
+                       'coarse': 'coarse_label_names'}),
+}
+
+
+def get_cifar(name, root=None, label='fine'):
+    """Loads CIFAR-10 or CIFAR-100 from local files.
+
+    Args:
+        name (str): ``'cifar10'`` or ``'cifar100'``.
+        root (str or os.PathLike): any of
+
+            * the archive itself (``cifar-10-python.tar.gz`` /
+              ``cifar-100-python.tar.gz``; read in place, not extracted),
+            * the extracted folder (``cifar-10-batches-py/`` /
+              ``cifar-100-python/``),
+            * a folder containing the archive or the extracted folder.
+
+            If ``None``, the environment variable ``ADA_LOSS_CIFAR_ROOT`` is
+            used.
+        label (str): ``'fine'`` (default; the only kind CIFAR-10 has) or
+            ``'coarse'`` (the 20 CIFAR-100 superclasses).
+
+    Returns:
+        tuple: ``(train, test)``, two :class:`ImageLabelDataset` whose examples
+        are ``(image, label)``: a ``float32`` ``(3, 32, 32)`` RGB image in
+        [0, 1] and an ``int32`` label. ``.images`` holds the ``uint8``
+        ``(N, 3, 32, 32)`` array, ``.labels`` the ``int32`` labels and
+        ``.label_names`` the class names (``None`` without a meta file).
+
+    Raises:
+        DatasetNotFoundError: (a ``FileNotFoundError``) no data at ``root``.
+        DatasetFormatError: (a ``ValueError``) a file is not a valid CIFAR
+            file.
+    """
+    if name not in _SPECS:
+        raise ValueError('unknown CIFAR dataset {!r}; expected one of {}'
+                         .format(name, ', '.join(sorted(_SPECS))))
+    spec = _SPECS[name]
+    if label not in spec.labels:
+        raise ValueError('{} has no {!r} labels; expected one of {}'.format(
+            spec.title, label, ', '.join(sorted(spec.labels))))
+    files = _find_files(spec, root)
+    label_key, n_classes = spec.labels[label]
+    train_names = spec.train_files(files.names)
+    if not train_names or spec.test not in files.names:
+        raise DatasetNotFoundError(_not_found(
+            spec, '{} lacks the training or test file (found: {})'.format(
+                files.location, ', '.join(sorted(files.names)) or 'nothing')))
+
+    def load(names):
+        parts = [_parse_batch(files.load(n), label_key, n_classes,
+                              files.where(n)) for n in names]
+        return (numpy.concatenate([p[0] for p in parts]),
+                numpy.concatenate([p[1] for p in parts]))
+
+    label_names = None
+    if spec.meta in files.names:
+        label_names = _parse_label_names(
+            files.load(spec.meta), spec.names_key[label],
+            files.where(spec.meta))
+    return tuple(ImageLabelDataset(images, labels, scale=1.0 / 255,
+                                   label_names=label_names)
+                 for images, labels in (load(train_names), load([spec.test])))
+
+
+def _not_found(spec, reason):
+    return ('{} not found: {}.\nExpected {}, given as `root` or through the '
+            'environment variable {}; `root` may also be a folder containing '
+            'either. Download {} ("{} python version") from {} -- this loader '
+            'never downloads.'.format(spec.title, reason, spec.layout(),
+                                      CIFAR_ROOT_ENV, spec.archive, spec.title,
+                                      CIFAR_URL))
+
+
+class _Files(object):
+    """The CIFAR files of one folder, on disk or inside an archive."""
+
+    def __init__(self, location, contents):
+        self.location = location
+        self._contents = contents   # base name -> path on disk or bytes
+        self.names = set(contents)
+
+    def where(self, name):
+        item = self._contents[name]
+        return item if isinstance(item, str) else '{} in {}'.format(
+            name, self.location)
+
+    def load(self, name):
+        item = self._contents[name]
+        try:
+            if isinstance(item, str):
+                with open(item, 'rb') as f:
+                    return pickle.load(f, encoding='latin1')
+            return pickle.loads(item, encoding='latin1')
+        except OSError:
+            raise
+        except Exception as e:
+            raise DatasetFormatError('{} is not a readable CIFAR pickle ({}: {})'
+                                     .format(self.where(name),
+                                             type(e).__name__, e)) from e
+
+
+def _find_files(spec, root):
+    if root is None:
+        root = os.environ.get(CIFAR_ROOT_ENV)
+        if not root:
+            raise DatasetNotFoundError(_not_found(
+                spec, 'no `root` was given and {} is not set'.format(
+                    CIFAR_ROOT_ENV)))
+    root = os.path.expanduser(os.fspath(root))
+    if os.path.isfile(root):
+        return _archive_files(spec, root)
+    if not os.path.isdir(root):
+        raise DatasetNotFoundError(_not_found(
+            spec, '{} does not exist'.format(root)))
+    if os.path.isfile(os.path.join(root, spec.test)):
+        return _folder_files(spec, root)
+    if os.path.isdir(os.path.join(root, spec.folder)):
+        return _folder_files(spec, os.path.join(root, spec.folder))
+    if os.path.isfile(os.path.join(root, spec.archive)):
+        return _archive_files(spec, os.path.join(root, spec.archive))
+    raise DatasetNotFoundError(_not_found(spec, 'nothing usable in {}'.format(
+        root)))
+
+
+def _folder_files(spec, folder):
+    return _Files(folder, {n: os.path.join(folder, n)
+                           for n in os.listdir(folder) if spec.wanted(n)})
+
+
+def _archive_files(spec, path):
+    """Reads the wanted members of a tar archive in one pass, in memory."""
+    by_folder = {}
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                name = posixpath.basename(member.name)
+                if member.isfile() and spec.wanted(name):
+                    folder = posixpath.dirname(member.name)
+                    data = tar.extractfile(member).read()
+                    by_folder.setdefault(folder, {})[name] = data
+    except (tarfile.TarError, EOFError, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise DatasetFormatError('{} is not a readable tar archive ({}); '
+                                 'expected {}'.format(path, e, spec.layout())
+                                 ) from e
+    folders = sorted((f for f in by_folder if spec.test in by_folder[f]),
+                     key=lambda f: posixpath.basename(f) != spec.folder)
+    if not folders:
+        raise DatasetNotFoundError(_not_found(
+            spec, 'the archive {} holds no {} file'.format(path, spec.test)))
+    folder = folders[0]
+    return _Files('{}:{}'.format(path, folder), by_folder[folder])
+
+
+def _str_keys(obj, where):
+    if not isinstance(obj, dict):
+        raise DatasetFormatError('{} holds a {}, expected a dict'.format(
+            where, type(obj).__name__))
+    return {k.decode('latin1') if isinstance(k, bytes) else k: v
+            for k, v in obj.items()}
+
+
+def _parse_batch(obj, label_key, n_classes, where):
+    batch = _str_keys(obj, where)
+    missing = [k for k in ('data', label_key) if k not in batch]
+    if missing:
+        raise DatasetFormatError('{} lacks key(s) {}; it has {}'.format(
+            where, ', '.join(missing), ', '.join(sorted(map(str, batch)))))
+    data = numpy.asarray(batch['data'])
+    if data.ndim != 2 or data.shape[1] != _ROW_BYTES:
+        raise DatasetFormatError(
+            "{}: 'data' has shape {}, expected (N, {}) (rows of 1024 R, 1024 "
+            "G, 1024 B bytes)".format(where, data.shape, _ROW_BYTES))
+    if data.dtype != numpy.uint8:
+        if (data.dtype.kind not in 'iu'
+                or (data.size and (data.min() < 0 or data.max() > 255))):
+            raise DatasetFormatError("{}: 'data' must hold bytes 0..255, got "
+                                     "dtype {}".format(where, data.dtype))
+        data = data.astype(numpy.uint8)
+    labels = numpy.asarray(batch[label_key])
+    if labels.shape != (len(data),) or (labels.size
+                                        and labels.dtype.kind not in 'iu'):
+        raise DatasetFormatError('{}: {!r} must be {} integers (one per row), '
+                                 'got shape {}'.format(where, label_key,
+                                                       len(data), labels.shape))
+    if labels.size and (labels.min() < 0 or labels.max() >= n_classes):
+        raise DatasetFormatError('{}: {!r} must lie in [0, {}), got [{}, {}]'
+                                 .format(where, label_key, n_classes,
+                                         labels.min(), labels.max()))
+    return (data.reshape(-1, 3, 32, 32),
+            labels.astype(numpy.int32).reshape(-1))
+
+
+def _parse_label_names(obj, key, where):
+    meta = _str_keys(obj, where)
+    if key not in meta:
+        raise DatasetFormatError('{} lacks key {!r}; it has {}'.format(
+            where, key, ', '.join(sorted(map(str, meta)))))
+    return [n.decode('latin1') if isinstance(n, bytes) else str(n)
+            for n in meta[key]]

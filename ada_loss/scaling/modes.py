@@ -1,0 +1,121 @@
+"""Parsing and validation of the loss-scaling mode and the dtype."""
+import collections
+import inspect
+import math
+
+MODES = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive')
+DTYPES = ('float32', 'mixed16')
+
+_MODE_HELP = ('fp32, none, fixed:S (S a positive number, e.g. fixed:128), '
+              'dynamic[:key=value,...], adaptive[:key=value,...]')
+
+
+class LossScalingSpec(collections.namedtuple('LossScalingSpec',
+                                             ('name', 'options'))):
+    """A parsed mode: ``name`` in :data:`MODES`, ``options`` a dict."""
+
+    __slots__ = ()
+
+    def __str__(self):
+        if self.name == 'fixed':
+            return 'fixed:{:g}'.format(self.options['scale'])
+        if not self.options:
+            return self.name
+        return '{}:{}'.format(self.name, ','.join(
+            '{}={}'.format(k, v) for k, v in sorted(self.options.items())))
+
+
+def _number(text, what):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise ValueError('{} must be a number, got {!r}'.format(what, text))
+
+
+def _parse_value(text):
+    low = text.strip().lower()
+    if low in ('true', 'false'):
+        return low == 'true'
+    if low in ('none', 'null'):
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        return text.strip()
+    return int(v) if v.is_integer() and 'e' not in low and '.' not in low \
+        else v
+
+
+def _allowed_options(name):
+    from ada_loss.scaling import methods
+    cls = {'dynamic': methods.DynamicScaling,
+           'adaptive': methods.AdaptiveScaling}[name]
+    sig = inspect.signature(cls.__init__)
+    return [p for p in sig.parameters if p != 'self']
+
+
+def parse_mode(spec):
+    """Parses a mode string (or returns a :class:`LossScalingSpec` as is).
+
+    Raises:
+        ValueError: naming the allowed modes and options.
+    """
+    if isinstance(spec, LossScalingSpec):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError('loss-scaling mode must be a string, one of: {}; '
+                         'got {!r}'.format(_MODE_HELP, spec))
+    name, _, arg = spec.strip().partition(':')
+    name = name.strip().lower()
+    if name not in MODES:
+        raise ValueError('unknown loss-scaling mode {!r}; expected one of: {}'
+                         .format(spec, _MODE_HELP))
+    if name in ('fp32', 'none'):
+        if arg:
+            raise ValueError('mode {!r} takes no argument, got {!r}'
+                             .format(name, spec))
+        return LossScalingSpec(name, {})
+    if name == 'fixed':
+        if not arg:
+            raise ValueError('mode fixed needs a scale: fixed:S with S > 0, '
+                             'e.g. fixed:128; got {!r}'.format(spec))
+        scale = _number(arg, 'the scale S of fixed:S')
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError('the scale S of fixed:S must be a positive '
+                             'finite number, got {!r}'.format(arg))
+        return LossScalingSpec('fixed', {'scale': scale})
+    options = {}
+    allowed = _allowed_options(name)
+    for item in filter(None, (s.strip() for s in arg.split(','))):
+        key, eq, value = item.partition('=')
+        key = key.strip()
+        if not eq or key not in allowed:
+            raise ValueError('bad option {!r} for mode {}; expected '
+                             'key=value with key one of: {}'
+                             .format(item, name, ', '.join(allowed)))
+        options[key] = _parse_value(value)
+    return LossScalingSpec(name, options)
+
+
+def check_dtype(dtype):
+    if dtype not in DTYPES:
+        raise ValueError('unknown dtype {!r}; expected one of: {}'
+                         .format(dtype, ', '.join(DTYPES)))
+    return dtype
+
+
+def resolve_dtype(mode, dtype=None):
+    """The dtype a run uses: ``fp32`` implies float32, others mixed16.
+
+    An explicit ``dtype`` is allowed for every mode but ``fp32`` (which
+    *is* float32): e.g. ``fixed:S`` or ``adaptive`` in float32 for tests.
+    """
+    spec = parse_mode(mode)
+    if dtype is None:
+        return 'float32' if spec.name == 'fp32' else 'mixed16'
+    check_dtype(dtype)
+    if spec.name == 'fp32' and dtype != 'float32':
+        raise ValueError('mode fp32 means no mixed precision; it cannot run '
+                         'with dtype {!r} (use mode none for mixed16 without '
+                         'loss scaling)'.format(dtype))
+    return dtype

@@ -1,0 +1,36 @@
+"""Classifier wrapper: casts to the compute dtype and back for the loss."""
+import chainer
+import chainer.functions as F
+import numpy
+
+from ada_loss.training.precision import compute_dtype, dtype_config
+
+
+class Classifier(chainer.Chain):
+    """Like :class:`chainer.links.Classifier`, for float32 or mixed16.
+
+    The input is cast to the compute dtype (FP16 in mixed16), the predictor
+    runs under the dtype's config, and the logits are cast to FP32 before the
+    softmax cross entropy (MPT computes reductions such as the loss in FP32).
+    The gradient entering the network is therefore cast back to FP16: where a
+    loss scale is needed.
+    """
+
+    def __init__(self, predictor, dtype='float32'):
+        super(Classifier, self).__init__()
+        self.dtype = dtype
+        self._xdtype = compute_dtype(dtype)
+        with self.init_scope():
+            self.predictor = predictor
+
+    def forward(self, x, t):
+        with dtype_config(self.dtype):
+            if x.dtype != self._xdtype:
+                x = F.cast(x, self._xdtype)
+            y = self.predictor(x)
+        if y.dtype != numpy.float32:
+            y = F.cast(y, numpy.float32)
+        loss = F.softmax_cross_entropy(y, t)
+        accuracy = F.accuracy(y, t)
+        chainer.report({'loss': loss, 'accuracy': accuracy}, self)
+        return loss
