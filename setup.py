@@ -17,6 +17,9 @@ setup(
         'matplotlib',
         'scikit-learn',
         'Pillow',
+        # ChainerCV's SSD training transforms (photometric distortion,
+        # random-interpolation resize) need cv2.
+        'opencv-python-headless',
     ],
     extras_require={
         'test': ['pytest'],

@@ -49,8 +49,15 @@ class ScaleAwareBackwardError(RuntimeError):
 
 def _max_abs(v):
     a = v.array
+    if not a.size:
+        return 0.0
     xp = backend.get_array_module(a)
-    return float(xp.max(xp.abs(a))) if a.size else 0.0
+    if a.dtype == numpy.float16 and xp is numpy:
+        # NumPy's float16 loops are slow (no SIMD): widen once (exact).
+        a = a.astype(numpy.float32)
+    # max(max a, -min a) = max|a| without an |a| temporary; NaN propagates;
+    # abs() turns the -0.0 of an all-zero array into 0.0.
+    return abs(float(xp.maximum(a.max(), -a.min())))
 
 
 def _rescale(v, ratio):
@@ -63,7 +70,8 @@ def _rescale(v, ratio):
         a = (a.astype(numpy.float32) * numpy.float32(ratio)).astype(a.dtype)
     else:
         a = a * a.dtype.type(ratio)
-    return chainer.Variable(a, requires_grad=False)
+    # NumPy turns a 0-dim array times a scalar into a scalar (the loss).
+    return chainer.Variable(chainer.utils.force_array(a), requires_grad=False)
 
 
 class ScaledBackprop(object):

@@ -43,8 +43,15 @@ class FP16Emulation(object):
         if self.output_scale != 1:
             i = self.scaled_input
             a = inputs[i]
-            inputs = (inputs[:i] + (a * a.dtype.type(self.output_scale),)
-                      + inputs[i + 1:])
+            if a.dtype == numpy.float16:
+                # β may lie outside FP16's range (numpy.float16(2^16) is
+                # inf, numpy.float16(2^-25) is 0): multiply in FP32 and round
+                # once, which is exact wherever the product is representable.
+                a = (a.astype(numpy.float32)
+                     * numpy.float32(self.output_scale)).astype(a.dtype)
+            else:
+                a = a * a.dtype.type(self.output_scale)
+            inputs = inputs[:i] + (a,) + inputs[i + 1:]
         return super(FP16Emulation, self).forward(inputs)
 
 

@@ -39,8 +39,32 @@ def _second_moment(a):
 
 
 def _max_abs(a):
+    if not a.size:
+        return 0.0
     xp = _xp(a)
-    return float(xp.max(xp.abs(a))) if a.size else 0.0
+    if a.dtype == numpy.float16 and xp is numpy:
+        # NumPy's float16 loops are slow (no SIMD): widen once (exact).
+        a = a.astype(numpy.float32)
+    return _max_abs_wide(xp, a)
+
+
+def _max_abs_wide(xp, a):
+    # max(max a, -min a) = max|a| without an |a| temporary; NaN propagates;
+    # abs() turns the -0.0 of an all-zero array into 0.0.
+    return abs(float(xp.maximum(a.max(), -a.min())))
+
+
+def _moments(a):
+    """(E[a²], max|a|) from one float32-or-wider copy of ``a``.
+
+    Same values as ``(_second_moment(a), _max_abs(a))``: the widening is
+    exact and the mean of squares is the same float32 reduction.
+    """
+    xp = _xp(a)
+    acc = numpy.promote_types(a.dtype, numpy.float32)
+    a = a.astype(acc, copy=False)
+    second = float(xp.mean(a * a))
+    return second, (_max_abs_wide(xp, a) if a.size else 0.0)
 
 
 def round_down_pow2(x):
@@ -58,10 +82,12 @@ def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16'):
     if not 0 < t_uf < 1:
         raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
     f = get_format(fmt)
-    sigma_p = math.sqrt(_second_moment(W) * _second_moment(g))
+    w2, w_max = _moments(W)
+    g2, g_max = _moments(g)
+    sigma_p = math.sqrt(w2 * g2)
     lower = (f.u_min / (sigma_p * math.sqrt(2.0) * float(special.erfinv(t_uf)))
              if sigma_p > 0 else None)
-    peak = _max_abs(W) * _max_abs(g)
+    peak = w_max * g_max
     upper = f.u_max / peak if peak > 0 else None
     return lower, upper
 
@@ -89,7 +115,8 @@ def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', upper_div=1.0,
         return 1.0
     beta = max(lower, 1.0)
     if upper is not None:
-        if not math.isfinite(upper):
+        # upper == 0 means max|W|·max|g| is infinite: an Inf in W or g.
+        if not (math.isfinite(upper) and upper > 0):
             return 1.0
         upper /= upper_div
         if upper < beta:
