@@ -27,9 +27,10 @@ class DynamicLossScale(object):
         if not (init_scale > 0 and math.isfinite(init_scale)):
             raise ValueError('init_scale must be a positive finite number, '
                              'got {!r}'.format(init_scale))
-        if not growth_factor > 1:
-            raise ValueError('growth_factor must be > 1, got {!r}'
-                             .format(growth_factor))
+        if not (growth_factor > 1 and math.isfinite(growth_factor)):
+            # an infinite factor would make every later step overflow
+            raise ValueError('growth_factor must be a finite number > 1, '
+                             'got {!r}'.format(growth_factor))
         if not 0 < backoff_factor < 1:
             raise ValueError('backoff_factor must be in (0, 1), got {!r}'
                              .format(backoff_factor))

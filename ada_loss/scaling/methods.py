@@ -86,11 +86,6 @@ class DynamicScaling(LossScaling):
 
     def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0,
                  backoff_factor=0.5, growth_interval=2000):
-        if isinstance(growth_factor, float) and not math.isfinite(
-                growth_factor):
-            # an infinite scale would make every later step overflow
-            raise ValueError('growth_factor must be a finite number > 1, '
-                             'got {!r}'.format(growth_factor))
         self.state = DynamicLossScale(init_scale, growth_factor,
                                       backoff_factor, growth_interval)
 
