@@ -71,7 +71,7 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         self.loss_scaling.backward(loss)
         del loss
 
-        finite = all_grads_finite(model)
+        finite = self.grads_finite(model)
         if finite:
             optimizer.update()
         else:
@@ -88,6 +88,12 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         self.loss_scaling.update(not finite)
         chainer.report({'loss_scale': self.loss_scaling.scale,
                         'skipped_steps': self.skipped_steps})
+
+    def grads_finite(self, model):
+        """Whether this step's gradients are all finite. A hook: the
+        distributed updater (:mod:`ada_loss.training.distributed`) makes all
+        ranks agree, so they skip the same steps."""
+        return all_grads_finite(model)
 
     def serialize(self, serializer):
         super(MixedPrecisionUpdater, self).serialize(serializer)

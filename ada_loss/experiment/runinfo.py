@@ -1,0 +1,73 @@
+"""``run.json``: what one run was and how it ended.
+
+Fields: ``name``, ``table``, ``model``, ``dataset``, ``mode`` (the mode
+string with its options, ``str(parse_mode(mode))``), ``mode_name``,
+``mode_options``, ``seed``, ``dtype``, ``git_commit`` (``git rev-parse
+HEAD`` or null), ``status`` (``running`` / ``finished`` / ``diverged``),
+``final_test_accuracy`` and ``best_test_accuracy`` (fractions in [0, 1];
+null when diverged), ``final_test_loss``, ``final_train_loss``,
+``skipped_steps``, ``iterations``, ``epoch``, ``wall_time_s``, ``world_size``,
+``loss_scale`` (final; the initial α_{N+1} for adaptive), ``error`` (why it
+diverged), ``started``/``updated`` (ISO times).
+"""
+import json
+import os
+import subprocess
+import tempfile
+
+RUN_JSON = 'run.json'
+CONFIG_YAML = 'config.yaml'
+SNAPSHOT = 'snapshot_latest'
+
+RUNNING, FINISHED, DIVERGED = 'running', 'finished', 'diverged'
+STATUSES = (RUNNING, FINISHED, DIVERGED)
+
+
+def git_commit(cwd=None):
+    """The checkout's ``HEAD`` commit, or ``None`` (no git, not a repo)."""
+    if cwd is None:
+        cwd = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=cwd,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.decode().strip()
+    return commit or None
+
+
+def write_json_atomic(path, obj):
+    folder = os.path.dirname(path) or '.'
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_')
+    with os.fdopen(fd, 'w') as f:
+        json.dump(obj, f, indent=2, sort_keys=False)
+        f.write('\n')
+    os.replace(tmp, path)
+
+
+def read_run(folder):
+    """The ``run.json`` of a run folder as a dict, or ``None``."""
+    path = os.path.join(folder, RUN_JSON)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_run(folder, info):
+    write_json_atomic(os.path.join(folder, RUN_JSON), info)
+
+
+def find_runs(root):
+    """Every ``run.json`` below ``root`` (recursively), as dicts with an
+    extra ``folder`` key, sorted by folder."""
+    runs = []
+    for dirpath, _, files in os.walk(root):
+        if RUN_JSON in files:
+            info = read_run(dirpath)
+            if info is not None:
+                info['folder'] = dirpath
+                runs.append(info)
+    return sorted(runs, key=lambda r: r['folder'])

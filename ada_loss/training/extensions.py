@@ -1,0 +1,256 @@
+"""Trainer extensions for the loss-scaling experiments (paper §4.1).
+
+* :class:`StepLearningRate` -- He et al.'s step schedule with warm-up.
+* :class:`LossScaleRecorder` -- per-layer adaptive loss scales over
+  iterations to CSV (what Figure 4 of the paper plots).
+* :class:`LogCSV` -- ``LogReport``'s log as CSV.
+* :class:`FP32MasterWeights` -- puts the FP32 master weights of mixed16
+  training (Micikevicius et al. 2018) into trainer snapshots, which Chainer's
+  optimizer serialization leaves out.
+
+Initializers that must see the state restored by a snapshot's ``autoload``
+have a priority below the snapshot extension's (-100): Chainer initializes
+extensions in decreasing priority.
+"""
+import csv
+import io
+import os
+import tempfile
+
+import numpy
+
+import chainer
+from chainer.training import extension
+
+#: below ``extensions.snapshot`` (priority -100)
+PRIORITY_AFTER_AUTOLOAD = -200
+
+
+def _write_atomic(path, text):
+    folder = os.path.dirname(path) or '.'
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_')
+    with os.fdopen(fd, 'w') as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class StepLearningRate(extension.Extension):
+    """``lr`` for the next iteration: ``warmup_lr`` during the first
+    ``warmup_iterations`` updates, then ``lr * decay ** k`` where ``k`` is the
+    number of ``steps`` (epochs) reached (He et al. 2016, §4.2: 0.1, ÷10 at
+    32k and 48k iterations = epochs 81 and 122; ResNet-110 warms up at 0.01
+    for ~400 iterations).
+
+    Computed from the updater's counters only, so a resumed run continues
+    with the right value.
+    """
+
+    trigger = 1, 'iteration'
+    priority = PRIORITY_AFTER_AUTOLOAD
+
+    def __init__(self, lr, steps=(), decay=0.1, warmup_iterations=0,
+                 warmup_lr=None, attr='lr', optimizer=None):
+        self.lr = lr
+        self.steps = sorted(steps)
+        self.decay = decay
+        self.warmup_iterations = warmup_iterations
+        self.warmup_lr = lr if warmup_lr is None else warmup_lr
+        self.attr = attr
+        self.optimizer = optimizer
+
+    def value(self, iteration, epoch_detail):
+        """The lr of the update that follows ``iteration`` updates."""
+        if iteration < self.warmup_iterations:
+            return self.warmup_lr
+        k = sum(1 for s in self.steps if epoch_detail >= s)
+        return self.lr * self.decay ** k
+
+    def _set(self, trainer):
+        updater = trainer.updater
+        optimizer = self.optimizer or updater.get_optimizer('main')
+        setattr(optimizer, self.attr,
+                self.value(updater.iteration, updater.epoch_detail))
+
+    def initialize(self, trainer):
+        self._set(trainer)
+
+    def __call__(self, trainer):
+        self._set(trainer)
+
+
+class LossScaleRecorder(extension.Extension):
+    """Appends ``iteration, layer, alpha, beta`` rows to a CSV file for every
+    GEMM layer, at iteration 1 and every ``interval`` iterations.
+
+    α is the scale of the layer's weight gradient (paper §3.1, the loss scale
+    the optimizer divides by), β its local scale (Algorithm 4). On resume the
+    rows after the restored iteration are dropped first.
+
+    Args:
+        loss_scaling (ada_loss.scaling.AdaptiveScaling): the method.
+        filename (str): file under the trainer's output folder.
+        interval (int): K.
+    """
+
+    priority = PRIORITY_AFTER_AUTOLOAD
+    header = ('iteration', 'layer', 'alpha', 'beta')
+
+    def __init__(self, loss_scaling, filename='loss_scales.csv',
+                 interval=100):
+        self.loss_scaling = loss_scaling
+        self.filename = filename
+        self.interval = interval
+
+    def trigger(self, trainer):
+        it = trainer.updater.iteration
+        return it == 1 or it % self.interval == 0
+
+    def initialize(self, trainer):
+        path = os.path.join(trainer.out, self.filename)
+        done = trainer.updater.iteration
+        rows = []
+        if os.path.exists(path):
+            with open(path) as f:
+                rows = [r for r in csv.reader(f)][1:]
+            rows = [r for r in rows if r and int(r[0]) <= done]
+        with open(path, 'w', newline='') as f:
+            w = csv.writer(f)
+            w.writerow(self.header)
+            w.writerows(rows)
+
+    def __call__(self, trainer):
+        ada = getattr(self.loss_scaling, 'ada', None)
+        if ada is None:
+            return
+        alphas, betas = ada.loss_scales(), ada.layer_scales()
+        it = trainer.updater.iteration
+        with open(os.path.join(trainer.out, self.filename), 'a',
+                  newline='') as f:
+            w = csv.writer(f)
+            for layer, alpha in alphas.items():
+                w.writerow((it, layer, repr(float(alpha)),
+                            repr(float(betas.get(layer, 1.0)))))
+
+
+class LogCSV(extension.Extension):
+    """Writes the log of the ``LogReport`` extension as CSV (columns: the
+    union of the logged keys, in order of appearance). Register it after
+    ``LogReport`` with the same trigger."""
+
+    priority = extension.PRIORITY_READER
+
+    def __init__(self, filename='log.csv', log_report='LogReport'):
+        self.filename = filename
+        self.log_report = log_report
+        self._trainer = None
+
+    def initialize(self, trainer):
+        self._trainer = trainer
+
+    def __call__(self, trainer):
+        self._trainer = trainer
+        self.write()
+
+    def write(self):
+        if self._trainer is None:
+            return
+        log = self._trainer.get_extension(self.log_report).log
+        keys = []
+        for entry in log:
+            keys.extend(k for k in entry if k not in keys)
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=keys, lineterminator='\n')
+        w.writeheader()
+        w.writerows(log)
+        _write_atomic(os.path.join(self._trainer.out, self.filename),
+                      buf.getvalue())
+
+    def finalize(self):
+        self.write()
+
+
+class FP32MasterWeights(extension.Extension):
+    """Saves and restores the FP32 master copy of every FP16 parameter.
+
+    With ``use_fp32_update()`` each update rule keeps ``_fp32_param``, the
+    weights actually updated (MPT, Micikevicius et al. 2018); the FP16
+    parameter is only its rounded copy. ``Optimizer.serialize`` saves the
+    rule's state (momentum, ``t``) but not this copy, so a resumed run would
+    otherwise restart from FP16-rounded weights. The extension does nothing
+    during training; it only takes part in the trainer's serialization.
+    """
+
+    trigger = 10 ** 12, 'iteration'
+    priority = extension.PRIORITY_READER
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def __call__(self, trainer):
+        pass
+
+    def _rules(self):
+        for name, param in sorted(self.optimizer.target.namedparams()):
+            rule = param.update_rule
+            if rule is not None and rule._use_fp32_update and \
+                    param.dtype == numpy.float16:
+                yield name.lstrip('/'), param, rule
+
+    def serialize(self, serializer):
+        saving = isinstance(serializer, chainer.serializer.Serializer)
+        for key, param, rule in self._rules():
+            if saving:
+                if rule._fp32_param is not None:
+                    serializer(key, rule._fp32_param.array)
+                continue
+            try:
+                value = serializer(key, None)
+            except KeyError:     # no update had happened before the snapshot
+                continue
+            if value is None:
+                continue
+            value = numpy.asarray(value, dtype=numpy.float32)
+            if rule._fp32_param is None:
+                rule._fp32_param = chainer.Parameter(value, name=param.name)
+            else:
+                rule._fp32_param.array[...] = value
+
+
+class ObservationRecorder(extension.Extension):
+    """Keeps every value reported for some keys (e.g. each test-set
+    evaluation) with its iteration. Unlike ``LogReport``, which averages the
+    observations of its interval, this holds the exact values; it is saved in
+    trainer snapshots, so ``last``/``best`` cover a resumed run too.
+
+    Register it with the default trigger (every iteration): it records a key
+    only in iterations where it was reported.
+    """
+
+    priority = extension.PRIORITY_EDITOR   # after Evaluator, before logs
+
+    def __init__(self, keys):
+        self.keys = list(keys)
+        self.history = {k: [] for k in self.keys}
+
+    def __call__(self, trainer):
+        for key in self.keys:
+            if key in trainer.observation:
+                value = float(chainer.as_array(trainer.observation[key]))
+                self.history[key].append((trainer.updater.iteration, value))
+
+    def last(self, key):
+        return self.history[key][-1][1] if self.history[key] else None
+
+    def best(self, key):
+        values = [v for _, v in self.history[key]]
+        return max(values) if values else None
+
+    def serialize(self, serializer):
+        for key in self.keys:
+            name = key.replace('/', '.')
+            if isinstance(serializer, chainer.serializer.Serializer):
+                serializer(name, numpy.array(self.history[key],
+                                             numpy.float64).reshape(-1, 2))
+            else:
+                rows = serializer(name, None)
+                self.history[key] = [(int(i), float(v)) for i, v in rows]

@@ -1,0 +1,145 @@
+"""Config loading and validation: every bad value is reported, naming its
+key, before anything runs."""
+import os
+
+import pytest
+
+from ada_loss.experiment import config as C
+from ada_loss.experiment import grid as G
+from ada_loss.experiment.runner import main
+
+ROOT = os.path.join(os.path.dirname(__file__), '..', '..')
+
+
+def load(**raw):
+    return C.load_config(raw=raw)
+
+
+def test_defaults_are_he_et_al_recipe():
+    cfg = load()
+    t = cfg['train']
+    assert (t['batchsize'], t['lr'], t['momentum'], t['weight_decay'],
+            t['epochs'], t['lr_steps'], t['lr_decay']) == \
+        (128, 0.1, 0.9, 1e-4, 164, [81, 122], 0.1)
+    assert cfg['log']['eval_interval'] == [1, 'epoch']
+
+
+@pytest.mark.parametrize('raw, key, words', [
+    ({'trian': {}}, 'trian', 'unknown key'),
+    ({'train': {'learning_rate': 0.1}}, 'train.learning_rate', 'unknown key'),
+    ({'train': {'lr': 'fast'}}, 'train.lr', 'number'),
+    ({'train': {'lr': -1}}, 'train.lr', '> 0'),
+    ({'train': {'batchsize': 12.5}}, 'train.batchsize', 'integer'),
+    ({'train': {'batchsize': True}}, 'train.batchsize', 'integer'),
+    ({'train': {'dtype': 'float16'}}, 'train.dtype', 'mixed16'),
+    ({'log': {'eval_interval': '2 weeks'}}, 'log.eval_interval', 'epoch'),
+    ({'data': {'augment': 'yes'}}, 'data.augment', 'true or false'),
+    ({'grid': {'seeds': ['a']}}, 'grid.seeds[0]', 'integer'),
+    ({'grid': {'models': ['resnet21']}}, 'grid.models[0]', '6n+2'),
+    ({'grid': {'models': ['vgg16']}}, 'grid.models[0]', 'unknown model'),
+    ({'grid': {'datasets': ['imagenet']}}, 'grid.datasets[0]', 'cifar10'),
+    ({'grid': {'modes': ['adaptve']}}, 'grid.modes[0]', 'unknown loss'),
+    ({'grid': {'modes': ['fixed:0']}}, 'grid.modes[0]', 'positive'),
+    ({'grid': {'modes': ['fixed']}}, 'grid.modes[0]', 'fixed:S'),
+    ({'grid': {'fixed_scales': [0]}}, 'grid.fixed_scales[0]', 'positive'),
+    ({'grid': {'fixed_scales': ['big']}}, 'grid.fixed_scales[0]',
+     'positive number'),
+    ({'grid': {'modes': ['adaptive:t_uf=5']}}, 'grid.modes', 't_uf'),
+    ({'grid': {'modes': ['adaptive:speed=2']}}, 'grid.modes[0]', 'speed'),
+    ({'grid': {'modes': ['fp32']}, 'train': {'dtype': 'mixed16'}},
+     'grid.modes', 'fp32'),
+    ({'grid': {'modes': [], 'fixed_scales': []}}, 'grid.modes', 'no mode'),
+    ({'per_model': {'vgg': {}}}, 'per_model.vgg', 'unknown model'),
+    ({'per_model': {'resnet110': {'grid': {}}}}, 'per_model.resnet110.grid',
+     'unknown section'),
+    ({'per_model': {'resnet110': {'train': {'warmup': 4}}}},
+     'per_model.resnet110.train.warmup', 'unknown key'),
+])
+def test_errors_name_the_key(raw, key, words):
+    with pytest.raises(C.ConfigError) as e:
+        load(**raw)
+    assert e.value.key == key
+    assert words in str(e.value)
+
+
+def test_overrides_are_yaml_values():
+    cfg = C.load_config(raw={}, overrides=[
+        'train.lr=0.05', 'grid.seeds=[0, 1]', 'train.weight_decay=1e-4',
+        'grid.modes=[fp32, "fixed:128", adaptive:t_uf=0.01]',
+        'per_model.resnet110.train.warmup_iterations=400',
+        'log.eval_interval=5 iteration'])
+    assert cfg['train']['lr'] == 0.05
+    assert cfg['grid']['seeds'] == [0, 1]
+    assert cfg['train']['weight_decay'] == 1e-4
+    assert cfg['grid']['modes'] == ['fp32', 'fixed:128',
+                                    'adaptive:t_uf=0.01']
+    assert cfg['log']['eval_interval'] == [5, 'iteration']
+    r110 = C.config_for_model(cfg, 'resnet110')
+    assert r110['train']['warmup_iterations'] == 400
+    assert C.config_for_model(cfg, 'resnet20')['train'][
+        'warmup_iterations'] == 0
+
+
+@pytest.mark.parametrize('text', ['train.lr', '=3', 'train.lr=[1,'])
+def test_bad_override_syntax(text):
+    with pytest.raises(C.ConfigError):
+        C.load_config(raw={}, overrides=[text])
+
+
+def test_override_unknown_key_is_rejected():
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(raw={}, overrides=['train.lrr=0.1'])
+    assert e.value.key == 'train.lrr'
+
+
+def test_extends_and_shipped_configs():
+    table1 = C.load_config(os.path.join(ROOT, 'configs', 'table1.yaml'))
+    table4 = C.load_config(os.path.join(ROOT, 'configs', 'table4.yaml'))
+    mini = C.load_config(os.path.join(ROOT, 'configs', 'mini.yaml'))
+    # Table 1: 3 depths x 2 datasets x (fp32, none, dynamic, adaptive, six
+    # fixed scales) x 4 seeds
+    assert len(G.expand_grid(table1)) == 3 * 2 * 10 * 4
+    assert table1['per_model']['resnet110']['train'][
+        'warmup_iterations'] == 400
+    # Table 4 extends Table 1: same recipe, scales 1 .. 16384
+    assert len(G.expand_grid(table4)) == 2 * 1 * 7 * 4
+    assert table4['train'] == table1['train']
+    assert C.grid_modes(table4)[0] == 'fixed:1'
+    cells = G.expand_grid(mini)
+    assert len(cells) == 14 and {c.seed for c in cells} == {0, 1}
+    assert sum(c.mode.startswith('fixed') for c in cells) == 6
+
+
+def test_grid_order_and_only_filter():
+    cfg = load(grid={'models': ['small_cnn'], 'datasets': ['digits'],
+                     'modes': ['adaptive', 'fp32', 'dynamic', 'none'],
+                     'fixed_scales': [1024, 16], 'seeds': [0, 1]})
+    cells = G.expand_grid(cfg)
+    assert [c.mode for c in cells[:6]] == [
+        'fp32', 'none', 'fixed:16', 'fixed:1024', 'dynamic', 'adaptive']
+    assert G.run_name(cells[2]) == 'small_cnn-digits-fixed_16-s0'
+    sel = G.select(cells, ['mode=adaptive|fixed:16,seed=1'])
+    assert [(c.mode, c.seed) for c in sel] == [('fixed:16', 1),
+                                               ('adaptive', 1)]
+    with pytest.raises(ValueError, match='matches no run'):
+        G.select(cells, ['model=resnet20'])
+    with pytest.raises(ValueError, match='bad --only'):
+        G.select(cells, ['colour=red'])
+
+
+def test_cli_rejects_bad_config_before_running(tiny_config, out_dir, capsys):
+    path = tiny_config(grid={'modes': ['fp32', 'fixed:0']})
+    assert main(['--config', path, '--out', out_dir]) == 2
+    err = capsys.readouterr().err
+    assert "grid.modes[1]" in err and 'fixed:S' in err
+    assert not os.path.exists(out_dir)
+    assert main(['--config', tiny_config(), '--out', out_dir,
+                 '--set', 'train.momentum=lots']) == 2
+    assert 'train.momentum' in capsys.readouterr().err
+    assert not os.path.exists(out_dir)
+
+
+def test_help_config_lists_schema(capsys):
+    assert main(['--config', 'x.yaml', '--help-config']) == 0
+    text = capsys.readouterr().out
+    assert 'train.warmup_iterations' in text and 'grid.fixed_scales' in text

@@ -1,0 +1,56 @@
+"""Datasets of a run: preprocessing, subsets, and missing files reported
+before anything trains."""
+import gzip
+import os
+
+import numpy
+import pytest
+
+from ada_loss.experiment.config import load_config
+from ada_loss.experiment.data import load_datasets
+from ada_loss.experiment.runner import main
+
+
+def write_idx(path, array):
+    array = numpy.asarray(array, numpy.uint8)
+    header = (0x0800 + array.ndim).to_bytes(4, 'big') + b''.join(
+        d.to_bytes(4, 'big') for d in array.shape)
+    with gzip.open(str(path), 'wb') as f:
+        f.write(header + array.tobytes())
+
+
+def test_digits_normalized_and_subset():
+    cfg = load_config(raw={'data': {'train_size': 100, 'test_size': 50}})
+    train, test = load_datasets('digits', cfg['data'])
+    assert (len(train), len(test)) == (100, 50)
+    x = numpy.stack([train[i][0] for i in range(100)])
+    assert x.shape == (100, 1, 16, 16) and x.dtype == numpy.float32
+    assert abs(float(x.mean())) < 0.3 and 0.7 < float(x.std()) < 1.3
+
+
+def test_fashion_mnist_from_idx_files(tmp_path):
+    rng = numpy.random.RandomState(0)
+    for prefix, n in (('train', 40), ('t10k', 20)):
+        write_idx(tmp_path / ('%s-images-idx3-ubyte.gz' % prefix),
+                  rng.randint(0, 256, (n, 28, 28)))
+        write_idx(tmp_path / ('%s-labels-idx1-ubyte.gz' % prefix),
+                  numpy.arange(n) % 10)
+    cfg = load_config(raw={'data': {'fashion_mnist_root': str(tmp_path)}})
+    train, test = load_datasets('fashion_mnist', cfg['data'])
+    assert (len(train), len(test)) == (40, 20)
+    x, t = train[3]
+    assert x.shape == (1, 28, 28) and x.dtype == numpy.float32 and t == 3
+    xs = numpy.stack([train[i][0] for i in range(40)])
+    assert abs(float(xs.mean())) < 1e-3 and abs(float(xs.std()) - 1) < 1e-3
+
+
+@pytest.mark.parametrize('dataset, key', [('cifar10', 'cifar_root'),
+                                          ('fashion_mnist',
+                                           'fashion_mnist_root')])
+def test_missing_files_fail_before_training(dataset, key, tiny_config,
+                                            out_dir, tmp_path, capsys):
+    path = tiny_config(grid={'datasets': [dataset]},
+                       data={key: str(tmp_path / 'nothing')})
+    assert main(['--config', path, '--out', out_dir]) == 2
+    assert 'not found' in capsys.readouterr().err
+    assert not os.path.exists(out_dir)
