@@ -1,0 +1,252 @@
+"""Recording per-layer activation-gradient statistics during training.
+
+:class:`GradientRecorder` is a Chainer ``FunctionHook``: its
+``backward_preprocess`` sees every GEMM node (:class:`ada_loss.functions.
+GemmFunction`: the forward node of a Linear/Convolution/Deconvolution layer)
+with the gradient arriving at its output -- the activation gradient the layer
+back-propagates -- and summarizes it with :mod:`ada_loss.analysis.grad_stats`.
+Layer IDs are assigned in the order the layers are first met in the backward
+pass, i.e. in the topological order of backpropagation: ID 0 is the layer
+nearest the loss, higher IDs are closer to the input (paper Fig. 1).
+
+:class:`RecordingLossScaling` wraps any loss-scaling method and installs the
+hook only for the backward passes of every ``every``-th iteration, so that
+recording costs nothing otherwise (the hook is not registered at all).
+After the pass it learns the scale alpha each layer's gradient was carried at
+(the run's loss scale, or the per-layer alpha of adaptive scaling) and
+derives the true gradient's statistics exactly (alpha is a power of two).
+
+Each record (one per iteration and layer) holds: ``iteration``,
+``layer_id``, ``layer``, ``dtype``, ``size``, ``nonzero``, ``alpha`` and
+``beta`` (1 outside adaptive scaling), ``underflow_rate`` and
+``expected_loss_scale`` of the true gradient (Fig. 1), ``std`` and
+``max_abs`` of the carried gradient (σ_max, §4.2), and, in FP16 runs,
+``zeros_fp16``, ``zeros_fp32`` and ``fp16_underflow`` of the layer's input
+gradient GEMM (Fig. 4b). ``skipped`` marks iterations whose update was
+skipped for non-finite gradients.
+"""
+import collections
+import csv
+import math
+
+import chainer
+import numpy
+
+from ada_loss.analysis import grad_stats
+from ada_loss.functions.gemm import GemmFunction
+from ada_loss.links import GEMM_LINK_TYPES
+
+#: Column order of the CSV records.
+FIELDS = ('iteration', 'layer_id', 'layer', 'dtype', 'size', 'nonzero',
+          'alpha', 'beta', 'underflow_rate', 'expected_loss_scale', 'std',
+          'max_abs', 'zeros_fp16', 'zeros_fp32', 'fp16_underflow', 'skipped')
+
+
+def _key_of(func):
+    return func.scale_key or '{}#{}'.format(func.label, id(func))
+
+
+class GradientRecorder(chainer.FunctionHook):
+    """FunctionHook collecting per-GEMM gradient statistics (see module).
+
+    Args:
+        fp16_underflow (bool): also compute each layer's input-gradient GEMM
+            in FP32 to measure FP16 underflow (Fig. 4b; FP16 runs only; one
+            extra GEMM per layer on recorded iterations).
+    """
+
+    name = 'GradientRecorder'
+
+    def __init__(self, fp16_underflow=True):
+        self.fp16_underflow = fp16_underflow
+        self.layer_ids = collections.OrderedDict()
+        self.records = []
+        self._pending = []
+
+    # -- naming -----------------------------------------------------------
+    def bind(self, model):
+        """Names every ada_loss GEMM link of ``model`` by its path (as
+        :class:`ada_loss.AdaLossScaled` does)."""
+        for path, link in model.namedlinks():
+            if isinstance(link, tuple(GEMM_LINK_TYPES.values())):
+                link.scale_key = path.lstrip('/')
+
+    # -- the hook ---------------------------------------------------------
+    def backward_preprocess(self, function, in_data, out_grad):
+        if not isinstance(function, GemmFunction) or out_grad[0] is None:
+            return
+        gy = chainer.backend.CpuDevice().send(out_grad[0])
+        key = _key_of(function)
+        if key not in self.layer_ids:
+            self.layer_ids[key] = len(self.layer_ids)
+        row = {
+            'layer_id': self.layer_ids[key], 'layer': key,
+            'dtype': str(gy.dtype), 'size': int(gy.size),
+            'nonzero': int(numpy.count_nonzero(gy)),
+            'beta': float(getattr(function, 'grad_input_scale', 1)),
+            'std': grad_stats.std(gy), 'max_abs': grad_stats.max_abs(gy),
+            '_kth': grad_stats.kth_smallest_nonzero(gy),
+            '_hist': grad_stats.exponent_histogram(gy),
+        }
+        row.update(self._fp16_underflow(function, in_data, out_grad[0]))
+        self._pending.append(row)
+
+    def _fp16_underflow(self, function, in_data, gy):
+        nan = float('nan')
+        out = {'zeros_fp16': nan, 'zeros_fp32': nan, 'fp16_underflow': nan}
+        if not (self.fp16_underflow and gy.dtype == numpy.float16
+                and function.inputs[0].requires_grad):
+            return out
+        x, W = in_data[0], in_data[1]
+        if x is None or W is None:
+            return out
+        scale = getattr(function, 'grad_input_scale', 1)
+        f32 = numpy.float32
+        with chainer.no_backprop_mode():
+            gx16 = function.grad_input(x, W, gy, scale).array
+            gx32 = function.grad_input(
+                x.astype(f32), W.astype(f32), gy.astype(f32), scale).array
+        z16, z32 = (grad_stats.zero_fraction(chainer.backend.CpuDevice()
+                                             .send(a)) for a in (gx16, gx32))
+        out.update(zeros_fp16=z16, zeros_fp32=z32, fp16_underflow=z16 - z32)
+        return out
+
+    # -- completing a pass ------------------------------------------------
+    def finish(self, iteration, alphas):
+        """Completes the pending rows of one backward pass.
+
+        Args:
+            iteration (int): the training iteration (1-based).
+            alphas: a float (one scale for the whole pass) or {layer: alpha}.
+        """
+        for row in self._pending:
+            alpha = (alphas.get(row['layer'], 1.0) if isinstance(alphas, dict)
+                     else float(alphas))
+            hist, kth = row.pop('_hist'), row.pop('_kth')
+            row['iteration'] = int(iteration)
+            row['alpha'] = float(alpha)
+            row['underflow_rate'] = grad_stats.underflow_count_from_histogram(
+                hist, alpha) / max(row['size'], 1)
+            row['expected_loss_scale'] = (alpha / kth if kth > 0
+                                          else float('nan'))
+            row['skipped'] = 0
+            self.records.append(row)
+        self._pending = []
+
+    def mark_skipped(self, iteration):
+        for row in self.records:
+            if row['iteration'] == iteration:
+                row['skipped'] = 1
+
+    def discard_pending(self):
+        self._pending = []
+
+    # -- output -----------------------------------------------------------
+    def save_csv(self, path):
+        with open(path, 'w', newline='') as f:
+            writer = csv.DictWriter(f, FIELDS)
+            writer.writeheader()
+            for row in self.records:
+                writer.writerow({k: row.get(k) for k in FIELDS})
+        return path
+
+    def summary(self):
+        """σ_max per iteration and overall, mean alpha per layer."""
+        return summarize(self.records)
+
+
+def summarize(records):
+    """{'sigma_max', 'sigma_max_per_iteration', 'alpha_per_layer', ...}.
+
+    σ_max of an iteration is the largest std over the layers' (scaled)
+    activation gradients; the run's σ_max is the largest over iterations
+    whose update was not skipped (§4.2).
+    """
+    per_it = collections.OrderedDict()
+    alphas = collections.OrderedDict()
+    for r in records:
+        if not r.get('skipped') and math.isfinite(r['std']):
+            per_it[r['iteration']] = max(per_it.get(r['iteration'], 0.0),
+                                         r['std'])
+        alphas.setdefault((r['layer_id'], r['layer']), []).append(r['alpha'])
+    return {
+        'sigma_max': max(per_it.values()) if per_it else float('nan'),
+        'sigma_max_per_iteration': {str(k): v for k, v in per_it.items()},
+        'iterations': sorted({r['iteration'] for r in records}),
+        'alpha_per_layer': [
+            {'layer_id': i, 'layer': name,
+             'mean_log2_alpha': float(numpy.mean(numpy.log2(a)))}
+            for (i, name), a in sorted(alphas.items())],
+    }
+
+
+def load_csv(path):
+    """Records of :meth:`GradientRecorder.save_csv`, with numbers parsed."""
+    ints = {'iteration', 'layer_id', 'size', 'nonzero', 'skipped'}
+    rows = []
+    with open(path, newline='') as f:
+        for row in csv.DictReader(f):
+            rows.append({k: (v if k in ('layer', 'dtype') else
+                             int(v) if k in ints else float(v))
+                         for k, v in row.items()})
+    return rows
+
+
+class RecordingLossScaling(object):
+    """A loss-scaling method that records gradients every ``every`` steps.
+
+    Delegates everything to ``inner`` (any :class:`ada_loss.scaling.
+    LossScaling`); usable wherever the method is, e.g. in
+    :class:`ada_loss.training.MixedPrecisionUpdater`. Iterations are counted
+    by backward passes (1-based); iteration 1 and every ``every``-th one are
+    recorded.
+    """
+
+    def __init__(self, inner, recorder=None, every=100):
+        if int(every) != every or every < 1:
+            raise ValueError('every must be a positive integer, got {!r}'
+                             .format(every))
+        self.inner = inner
+        self.recorder = recorder or GradientRecorder()
+        self.every = int(every)
+        self.iteration = 0
+        self._recorded = False
+
+    recovers = property(lambda self: self.inner.recovers)
+    scale = property(lambda self: self.inner.scale)
+
+    def bind(self, model):
+        self.recorder.bind(model)
+        self.inner.bind(model)
+
+    def _records_now(self):
+        return self.iteration == 1 or self.iteration % self.every == 0
+
+    def backward(self, loss):
+        self.iteration += 1
+        self._recorded = self._records_now()
+        if not self._recorded:
+            return self.inner.backward(loss)
+        alpha = self.inner.scale
+        try:
+            with self.recorder:
+                self.inner.backward(loss)
+        except Exception:
+            self.recorder.discard_pending()
+            raise
+        if hasattr(self.inner, 'loss_scales'):     # adaptive: per layer
+            alpha = dict(self.inner.loss_scales())
+        self.recorder.finish(self.iteration, alpha)
+
+    def update(self, found_nonfinite):
+        if self._recorded and found_nonfinite:
+            self.recorder.mark_skipped(self.iteration)
+        self.inner.update(found_nonfinite)
+
+    def loss_scales(self):
+        return self.inner.loss_scales() if hasattr(
+            self.inner, 'loss_scales') else {}
+
+    def serialize(self, serializer):
+        self.inner.serialize(serializer)
+        self.iteration = int(serializer('recorder_iteration', self.iteration))

@@ -1,0 +1,162 @@
+"""SSD detectors (ChainerCV) for float32 and mixed16 training (paper §4.3).
+
+:func:`build_ssd` returns ChainerCV's ``SSD512``/``SSD300`` (VGG-16 backbone,
+Liu et al. 2016) made ready for MPT:
+
+* built under ``dtype_config(dtype)``: in mixed16 every convolution weight and
+  bias and the ``Normalize`` scale are FP16 (the optimizer keeps FP32 master
+  copies, see :func:`ada_loss.training.setup_optimizer`); the VGG-16
+  convolutions are lazily initialized by ChainerCV, at the first forward,
+  which runs under the same dtype;
+* every GEMM link becomes its :mod:`ada_loss.links` counterpart (FP16 GEMMs
+  emulated with FP32 accumulation on CPU; layer-wise loss scales for the
+  adaptive mode); each link's ``scale_key`` is its path;
+* ``Normalize`` (conv4_3's L2 normalization) is computed in FP32
+  (:mod:`ada_loss.detection.normalize`);
+* ``forward`` casts the images to the compute dtype (FP16 in mixed16) and the
+  multibox outputs ``mb_locs``/``mb_confs`` back to FP32, so the multibox loss
+  and ChainerCV's box decoding (``predict``, the evaluator) run in FP32. The
+  FP16 outputs of the seven heads are concatenated in FP16 (same dtype), the
+  default-box coder works in NumPy float64/float32 whatever the dtype.
+
+:class:`TinySSD` is *not in the paper*: a 64x64 SSD with the same building
+blocks, for tests and smoke runs.
+"""
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy
+from chainer import initializers
+from chainercv.links.model.ssd import Multibox, Normalize, SSD
+from chainercv.links.model.ssd import SSD300, SSD512
+
+from ada_loss.detection.normalize import make_normalize_fp32
+from ada_loss.links import as_gemm_link
+from ada_loss.training.precision import compute_dtype, dtype_config
+
+#: ChainerCV's SSD mean (RGB, ImageNet) subtracted from input images.
+SSD_MEAN = numpy.array((123, 117, 104), numpy.float32).reshape((-1, 1, 1))
+
+
+class MixedPrecisionSSD(object):
+    """Mixin over a ChainerCV ``SSD``: dtype-aware forward (FP32 outputs)."""
+
+    dtype = 'float32'
+
+    def forward(self, x):
+        with dtype_config(self.dtype):
+            xdtype = compute_dtype(self.dtype)
+            if x.dtype != xdtype:
+                x = F.cast(x, xdtype)
+            mb_locs, mb_confs = super(MixedPrecisionSSD, self).forward(x)
+        if mb_locs.dtype != numpy.float32:
+            mb_locs = F.cast(mb_locs, numpy.float32)
+            mb_confs = F.cast(mb_confs, numpy.float32)
+        return mb_locs, mb_confs
+
+
+class MixedPrecisionSSD512(MixedPrecisionSSD, SSD512):
+    """ChainerCV ``SSD512`` with :class:`MixedPrecisionSSD`'s forward."""
+
+
+class MixedPrecisionSSD300(MixedPrecisionSSD, SSD300):
+    """ChainerCV ``SSD300`` with :class:`MixedPrecisionSSD`'s forward."""
+
+
+class TinyExtractor(chainer.Chain):
+    """64x64 VGG-style extractor: convolutions, conv4_3-like ``Normalize``
+    branch, a dilated convolution and a strided extra layer (3 feature maps).
+    """
+
+    insize = 64
+    grids = (8, 4, 2)
+
+    def __init__(self):
+        super(TinyExtractor, self).__init__()
+        with self.init_scope():
+            self.conv1 = L.Convolution2D(3, 8, 3, pad=1)
+            self.conv2 = L.Convolution2D(8, 16, 3, pad=1)
+            self.conv3 = L.Convolution2D(16, 16, 3, pad=1)
+            self.norm3 = Normalize(16, initial=initializers.Constant(20))
+            self.conv4 = L.DilatedConvolution2D(16, 32, 3, pad=2, dilate=2)
+            self.conv5 = L.Convolution2D(32, 32, 3, stride=2, pad=1)
+
+    def forward(self, x):
+        h = F.max_pooling_2d(F.relu(self.conv1(x)), 2)
+        h = F.max_pooling_2d(F.relu(self.conv2(h)), 2)
+        h = F.max_pooling_2d(F.relu(self.conv3(h)), 2)
+        ys = [self.norm3(h)]
+        h = F.max_pooling_2d(F.relu(self.conv4(h)), 2)
+        ys.append(h)
+        ys.append(F.relu(self.conv5(h)))
+        return ys
+
+
+class TinySSD(MixedPrecisionSSD, SSD):
+    """A small SSD (64x64 input, 3 feature maps); not in the paper."""
+
+    def __init__(self, n_fg_class=20):
+        super(TinySSD, self).__init__(
+            extractor=TinyExtractor(),
+            multibox=Multibox(n_class=n_fg_class + 1,
+                              aspect_ratios=((2,), (2, 3), (2,))),
+            steps=(8, 16, 32), sizes=(6, 13, 24, 35), mean=SSD_MEAN)
+
+
+def initialize_params(model):
+    """Initializes ChainerCV's lazily initialized parameters now, with one
+    forward pass on a zero image (in the model's dtype), so that snapshots,
+    resumes and ChainerMN broadcasts see every parameter."""
+    if all(p.array is not None for p in model.params()):
+        return model
+    x = model.xp.zeros((1, 3, model.insize, model.insize), numpy.float32)
+    with chainer.using_config('train', False), chainer.no_backprop_mode():
+        model(x)
+    return model
+
+
+_MODELS = {'ssd512': MixedPrecisionSSD512, 'ssd300': MixedPrecisionSSD300,
+           'ssd_tiny': TinySSD}
+SSD_MODELS = tuple(_MODELS)
+
+
+def build_ssd(name='ssd512', n_fg_class=20, dtype='float32',
+              pretrained_model=None, initialize=False):
+    """An SSD ready for float32 or mixed16 training (see module docstring).
+
+    Args:
+        name: 'ssd512' (the paper's), 'ssd300' or 'ssd_tiny'.
+        n_fg_class (int): foreground classes (20 for VOC).
+        dtype: 'float32' or 'mixed16'.
+        pretrained_model: ``None`` or the path of a local ``.npz`` (e.g.
+            ChainerCV's VGG-16 ImageNet weights for SSD). ChainerCV's named
+            weights ('imagenet', 'voc0712') would be downloaded: refused.
+        initialize (bool): initialize every parameter now
+            (:func:`initialize_params`; one forward pass).
+    """
+    if name not in _MODELS:
+        raise ValueError('unknown SSD model {!r}; allowed: {}'.format(
+            name, ', '.join(SSD_MODELS)))
+    if pretrained_model is not None:
+        import os
+        if not (isinstance(pretrained_model, str)
+                and os.path.isfile(pretrained_model)):
+            raise ValueError(
+                'pretrained_model must be None or the path of a local .npz '
+                'file (nothing is downloaded); got {!r}'.format(
+                    pretrained_model))
+    with dtype_config(dtype):
+        if name == 'ssd_tiny':
+            model = TinySSD(n_fg_class)
+            if pretrained_model:
+                chainer.serializers.load_npz(pretrained_model, model,
+                                             strict=False)
+        else:
+            model = _MODELS[name](n_fg_class=n_fg_class,
+                                  pretrained_model=pretrained_model)
+    model.dtype = dtype
+    for path, link in model.namedlinks():
+        if as_gemm_link(link):
+            link.scale_key = path.lstrip('/')
+    make_normalize_fp32(model)
+    return initialize_params(model) if initialize else model
