@@ -15,19 +15,13 @@ that cannot skip steps, or whose final loss or mAP is not finite, is
 ``diverged``.
 """
 import collections
-import contextlib
-import datetime
-import io
-import math
 import os
 import random
-import shutil
 
 import chainer
 import numpy
 import yaml
 from chainer import training
-from chainer.training import extensions as E
 
 from ada_loss.datasets.voc import VOC_LABEL_NAMES
 from ada_loss.datasets.voc import get_voc_detection_test
@@ -38,15 +32,13 @@ from ada_loss.detection.model import build_ssd
 from ada_loss.detection.ssd_train_chain import MultiboxTrainChain
 from ada_loss.detection.ssd_train_chain import setup_ssd_optimizer
 from ada_loss.detection.transforms import SSDTrainTransform
-from ada_loss.experiment import runinfo as R
+from ada_loss.experiment import trainer as T
 from ada_loss.experiment.grid import mode_slug
-from ada_loss.scaling import NonFiniteGradientError
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.scaling import parse_mode
 from ada_loss.scaling import resolve_dtype
-from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training import extensions as AE
-from ada_loss.training.triggers import IntervalOrEnd, StopAt
+from ada_loss.training.triggers import StopAt
 
 #: One run: model name, batch size, loss-scaling mode, seed.
 SSDCell = collections.namedtuple('SSDCell',
@@ -71,37 +63,6 @@ class IterationStepLR(AE.StepLearningRate):
                                            if iteration >= s)
 
 
-def _subset(dataset, size, seed):
-    if not size or size >= len(dataset):
-        return dataset
-    order = numpy.random.RandomState(seed).permutation(len(dataset))[:size]
-    return chainer.datasets.SubDataset(dataset, 0, size, order=order)
-
-
-def _iterator(dataset, batchsize, loaderjobs, repeat=True, shuffle=True):
-    if loaderjobs:
-        return chainer.iterators.MultiprocessIterator(
-            dataset, batchsize, repeat=repeat, shuffle=shuffle,
-            n_processes=loaderjobs)
-    return chainer.iterators.SerialIterator(dataset, batchsize,
-                                            repeat=repeat, shuffle=shuffle)
-
-
-def _now():
-    return datetime.datetime.now().isoformat(timespec='seconds')
-
-
-def _last(log, key):
-    for entry in reversed(log):
-        if key in entry:
-            return entry[key]
-    return None
-
-
-def _finite(x):
-    return x is not None and math.isfinite(x)
-
-
 def run_ssd(cfg, cell, out_root, resume=False, comm=None):
     """Trains one SSD cell; writes and returns its ``run.json`` dict.
 
@@ -118,28 +79,15 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
     dtype = resolve_dtype(cell.mode)
     name = ssd_run_name(cell)
     folder = os.path.join(out_root, cfg['table'], name)
-    writer = comm is None or comm.rank == 0
-    resuming = resume and os.path.exists(os.path.join(folder, R.SNAPSHOT))
-    old = R.read_run(folder) if resuming else None
-    info = {
-        'name': name, 'table': cfg['table'], 'model': cell.model,
-        'dataset': 'voc0712', 'batchsize': cell.batchsize,
-        'mode': str(spec), 'mode_name': spec.name,
-        'mode_options': spec.options, 'seed': cell.seed, 'dtype': dtype,
-        'git_commit': R.git_commit(), 'status': R.RUNNING,
-        'world_size': 1 if comm is None else comm.size,
-        'started': (old or {}).get('started', _now()),
-        'resumed': bool(resuming), 'description': cfg.get('description', ''),
-    }
-    if writer:
-        if not resuming and os.path.isdir(folder):
-            shutil.rmtree(folder)
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, R.CONFIG_YAML), 'w') as f:
-            yaml.safe_dump({'run': dict(cell._asdict(), dtype=dtype),
-                            **{k: v for k, v in cfg.items()
-                               if k != 'grid'}}, f, sort_keys=False)
-        R.write_run(folder, info)
+    info, resuming = T.open_run(folder, [
+        ('name', name), ('table', cfg['table']), ('model', cell.model),
+        ('dataset', 'voc0712'), ('batchsize', cell.batchsize),
+        ('mode', str(spec)), ('mode_name', spec.name),
+        ('mode_options', spec.options), ('seed', cell.seed),
+        ('dtype', dtype)], cfg.get('description', ''),
+        yaml.safe_dump({'run': dict(cell._asdict(), dtype=dtype),
+                        **{k: v for k, v in cfg.items() if k != 'grid'}},
+                       sort_keys=False), resume, comm)
 
     random.seed(cell.seed)
     numpy.random.seed(cell.seed)
@@ -151,98 +99,53 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
     transform = SSDTrainTransform(model.coder, model.insize, model.mean,
                                   photometric=data_cfg['photometric'])
     train = chainer.datasets.TransformDataset(
-        _subset(get_voc_detection_train(root), data_cfg['train_size'],
-                cell.seed), transform)
-    test = _subset(get_voc_detection_test(root), data_cfg['test_size'],
-                   cell.seed + 1)
+        T.subset(get_voc_detection_train(root), data_cfg['train_size'],
+                 cell.seed), transform)
+    test = T.subset(get_voc_detection_test(root), data_cfg['test_size'],
+                    cell.seed + 1)
     optimizer = setup_ssd_optimizer(
         chain, train_cfg['lr'], train_cfg['momentum'],
         train_cfg['weight_decay'], dtype, comm)
 
-    batchsize = cell.batchsize
-    if comm is not None:
-        import chainermn
-        if batchsize % comm.size:
-            raise ValueError('batch size {} is not divisible by the {} ranks'
-                             .format(batchsize, comm.size))
-        batchsize //= comm.size
-        train = chainermn.scatter_dataset(train, comm, shuffle=True,
-                                          seed=cell.seed)
-    train_iter = _iterator(train, batchsize, data_cfg['loaderjobs'])
-    test_iter = _iterator(test, train_cfg['eval_batchsize'], 0,
-                          repeat=False, shuffle=False)
+    train, _, batchsize = T.scatter(train, None, cell.batchsize, comm,
+                                    cell.seed, 'batch size')
+    train_iter = T.make_iterator(train, batchsize, data_cfg['loaderjobs'])
+    test_iter = T.make_iterator(test, train_cfg['eval_batchsize'], 0,
+                                repeat=False, shuffle=False)
 
     scaling = make_loss_scaling(cell.mode)
-    summary = io.StringIO()
-    with contextlib.redirect_stdout(summary):
-        if comm is None:
-            updater = MixedPrecisionUpdater(train_iter, optimizer, scaling,
-                                            mode=str(spec))
-        else:
-            from ada_loss.training import distributed
-            updater = distributed.DistributedMixedPrecisionUpdater(
-                train_iter, optimizer, scaling, comm, mode=str(spec))
-            distributed.prime_multi_node_optimizer(optimizer, comm)
-    if writer and summary.getvalue():
-        with open(os.path.join(folder, 'scaling.txt'), 'w') as f:
-            f.write(summary.getvalue())
+    updater = T.make_updater(train_iter, optimizer, scaling, spec, comm,
+                             os.path.join(folder, 'scaling.txt'))
 
     stop = StopAt(iterations=train_cfg['iterations'])
     trainer = training.Trainer(updater, stop, out=folder)
-
-    def every(key):
-        n, unit = log_cfg[key]
-        return IntervalOrEnd(n, unit, stop)
 
     evaluator = make_voc_evaluator(test, model, train_cfg['eval_batchsize'])
     evaluator._iterators['main'] = test_iter
     if comm is not None:
         evaluator.comm = comm
-    trainer.extend(evaluator, name='validation', trigger=every(
-        'eval_interval'))
-    trainer.extend(IterationStepLR(train_cfg['lr'], train_cfg['lr_steps'],
-                                   train_cfg['lr_decay'],
-                                   optimizer=optimizer))
-    trainer.extend(E.observe_lr(), trigger=(1, 'iteration'))
-    trainer.extend(AE.FP32MasterWeights(optimizer))
-    trainer.extend(E.snapshot(filename=R.SNAPSHOT, autoload=resuming),
-                   trigger=every('snapshot_interval') if writer
-                   else (lambda _: False))
-    if writer:
-        trainer.extend(E.LogReport(trigger=every('log_interval')))
-        trainer.extend(AE.LogCSV(), trigger=every('log_interval'))
-        if log_cfg['progress']:
-            trainer.extend(E.PrintReport(PRINT_KEYS),
-                           trigger=every('log_interval'))
-        if hasattr(scaling, 'loss_scales'):
-            trainer.extend(AE.LossScaleRecorder(
-                scaling, interval=log_cfg['loss_scale_interval']))
+    T.extend_trainer(
+        trainer, stop, log_cfg, evaluator,
+        IterationStepLR(train_cfg['lr'], train_cfg['lr_steps'],
+                        train_cfg['lr_decay'], optimizer=optimizer),
+        optimizer, scaling, resuming, comm,
+        reporters=lambda every: T.print_report(PRINT_KEYS, every,
+                                               log_cfg['progress']))
 
-    error = None
-    try:
-        trainer.run(show_loop_exception_msg=False)
-    except NonFiniteGradientError as e:
-        error = str(e)
-    if not writer:
-        info.update(status=R.DIVERGED if error else R.FINISHED,
-                    iterations=updater.iteration)
-        return info
-    log = trainer.get_extension('LogReport').log
-    maps = [e['validation/main/map'] for e in log
-            if _finite(e.get('validation/main/map'))]
-    train_loss = _last(log, 'main/loss')
-    final_map = _last(log, 'validation/main/map')
-    if error is None and not (_finite(train_loss) and _finite(final_map)):
-        error = 'non-finite loss or mAP at the end (train loss {}, mAP {})' \
-            .format(train_loss, final_map)
-    diverged = error is not None
-    info.update(
-        status=R.DIVERGED if diverged else R.FINISHED,
-        final_map=None if diverged else final_map,
-        best_map=None if diverged or not maps else max(maps),
-        last_map=final_map, final_train_loss=train_loss,
-        skipped_steps=updater.skipped_steps, iterations=updater.iteration,
-        wall_time_s=trainer.elapsed_time, loss_scale=scaling.scale,
-        error=error, updated=_now())
-    R.write_run(folder, info)
-    return info
+    def finalize(info, error):
+        log = trainer.get_extension('LogReport').log
+        maps = [e['validation/main/map'] for e in log
+                if T.finite(e.get('validation/main/map'))]
+        train_loss = T.last(log, 'main/loss')
+        final_map = T.last(log, 'validation/main/map')
+        if error is None and not (T.finite(train_loss) and
+                                  T.finite(final_map)):
+            error = 'non-finite loss or mAP at the end (train loss {}, ' \
+                'mAP {})'.format(train_loss, final_map)
+        T.summarize(info, trainer, updater, scaling, error, lambda diverged: [
+            ('final_map', None if diverged else final_map),
+            ('best_map', None if diverged or not maps else max(maps)),
+            ('last_map', final_map), ('final_train_loss', train_loss)],
+            epoch=False)
+
+    return T.run_trainer(trainer, updater, info, folder, finalize, comm)

@@ -14,13 +14,8 @@ A run whose gradients overflow in a mode that cannot skip steps
 (:class:`~ada_loss.scaling.NonFiniteGradientError`), or whose final loss is
 not finite, ends with status ``diverged`` instead of stopping the grid.
 """
-import contextlib
-import datetime
-import io
-import math
 import os
 import random
-import shutil
 import sys
 
 import numpy
@@ -31,16 +26,15 @@ from chainer.training import extensions as E
 
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
+from ada_loss.experiment import trainer as T
 from ada_loss.experiment.data import dataset_info, load_datasets
 from ada_loss.experiment.grid import run_name
 from ada_loss.experiment.models import build
-from ada_loss.scaling import (NonFiniteGradientError, make_loss_scaling,
-                              parse_mode, resolve_dtype)
-from ada_loss.training import Classifier, MixedPrecisionUpdater, \
-    dtype_config, setup_optimizer
+from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_dtype
+from ada_loss.training import Classifier, dtype_config, setup_optimizer
 from ada_loss.training import extensions as AE
 from ada_loss.training.hooks import add_weight_decay
-from ada_loss.training.triggers import IntervalOrEnd, StopAt
+from ada_loss.training.triggers import StopAt
 
 PRINT_KEYS = ['epoch', 'iteration', 'main/loss', 'validation/main/loss',
               'main/accuracy', 'validation/main/accuracy', 'lr',
@@ -74,10 +68,6 @@ def run_config(cfg, cell):
     return out
 
 
-def _now():
-    return datetime.datetime.now().isoformat(timespec='seconds')
-
-
 def build_optimizer(model, dtype, train_cfg, comm=None):
     """MomentumSGD (+ ChainerMN wrapper) with FP32 master weights for
     mixed16 and weight decay as a hook of every parameter's update rule:
@@ -96,94 +86,65 @@ def build_optimizer(model, dtype, train_cfg, comm=None):
     return opt
 
 
-def _last(log, key):
-    for entry in reversed(log):
-        if key in entry:
-            return entry[key]
-    return None
-
-
-def _finite(x):
-    return x is not None and math.isfinite(x)
-
-
 def _summarize(info, trainer, updater, scaling, diverged_error):
     tests = trainer.get_extension('TestHistory')
     acc_key, loss_key = 'validation/main/accuracy', 'validation/main/loss'
-    train_loss = _last(trainer.get_extension('LogReport').log, 'main/loss')
+    train_loss = T.last(trainer.get_extension('LogReport').log, 'main/loss')
     test_loss = tests.last(loss_key)
     error = diverged_error
-    if error is None and not (_finite(train_loss) and _finite(test_loss)):
+    if error is None and not (T.finite(train_loss) and T.finite(test_loss)):
         error = 'non-finite loss at the end (train {}, test {})'.format(
             train_loss, test_loss)
-    diverged = error is not None
-    info.update(
-        status=R.DIVERGED if diverged else R.FINISHED,
-        final_test_accuracy=None if diverged else tests.last(acc_key),
-        best_test_accuracy=None if diverged else tests.best(acc_key),
-        last_test_accuracy=tests.last(acc_key),
-        final_test_loss=test_loss, final_train_loss=train_loss,
-        skipped_steps=updater.skipped_steps, iterations=updater.iteration,
-        epoch=updater.epoch_detail, wall_time_s=trainer.elapsed_time,
-        loss_scale=scaling.scale, error=error, updated=_now())
+    T.summarize(info, trainer, updater, scaling, error, lambda diverged: [
+        ('final_test_accuracy', None if diverged else tests.last(acc_key)),
+        ('best_test_accuracy', None if diverged else tests.best(acc_key)),
+        ('last_test_accuracy', tests.last(acc_key)),
+        ('final_test_loss', test_loss), ('final_train_loss', train_loss)])
     if hasattr(scaling, 'loss_scales') and scaling.loss_scales():
         alphas = list(scaling.loss_scales().values())
         info['alpha_min'], info['alpha_max'] = min(alphas), max(alphas)
     return info
 
 
+def _reporters(log_cfg):
+    """PrintReport / ProgressBar / PlotReport (``loss.png``,
+    ``accuracy.png``) as configured in ``log``."""
+    def reporters(every):
+        out = T.print_report(PRINT_KEYS, every, log_cfg['progress'] in (
+            'report', 'both'), out=_Console())
+        if log_cfg['progress'] in ('bar', 'both'):
+            out.append((E.ProgressBar(update_interval=10), None, None))
+        if log_cfg['plot'] and E.PlotReport.available():
+            x_key = log_cfg['log_interval'][1]
+            out.append((E.PlotReport(
+                ['main/loss', 'validation/main/loss'], x_key,
+                trigger=every('log_interval'), filename='loss.png'),
+                None, 'PlotLoss'))
+            out.append((E.PlotReport(
+                ['main/accuracy', 'validation/main/accuracy'], x_key,
+                trigger=every('log_interval'), filename='accuracy.png'),
+                None, 'PlotAccuracy'))
+        return out
+    return reporters
+
+
 def _add_extensions(trainer, cfg, model, optimizer, scaling, test_iter,
                     comm, resuming, stop):
-    """Registers the extensions; writers only on rank 0 (``comm`` None or
-    rank 0). Names match on every rank, so a snapshot written by rank 0
-    loads everywhere."""
+    """Registers the extensions (:func:`ada_loss.experiment.trainer.
+    extend_trainer`); writers only on rank 0."""
     log_cfg, train_cfg = cfg['log'], cfg['train']
-    writer = comm is None or comm.rank == 0
-
-    def every(key):
-        n, unit = log_cfg[key]
-        return IntervalOrEnd(n, unit, stop)
-
     evaluator = E.Evaluator(test_iter, model)
     if comm is not None:
         import chainermn
         evaluator = chainermn.create_multi_node_evaluator(evaluator, comm)
-    trainer.extend(evaluator, name='validation', trigger=every(
-        'eval_interval'))
-    trainer.extend(AE.StepLearningRate(
-        train_cfg['lr'], train_cfg['lr_steps'], train_cfg['lr_decay'],
-        train_cfg['warmup_iterations'], train_cfg['warmup_lr'],
-        optimizer=optimizer))
-    trainer.extend(E.observe_lr(), trigger=(1, 'iteration'))
-    trainer.extend(AE.FP32MasterWeights(optimizer))
-    trainer.extend(E.snapshot(filename=R.SNAPSHOT, autoload=resuming),
-                   trigger=every('snapshot_interval') if writer
-                   else (lambda _: False))
-    if not writer:
-        return
-    trainer.extend(AE.ObservationRecorder(['validation/main/accuracy',
-                                           'validation/main/loss']),
-                   name='TestHistory')
-    trainer.extend(E.LogReport(trigger=every('log_interval')))
-    trainer.extend(AE.LogCSV(), trigger=every('log_interval'))
-    if log_cfg['progress'] in ('report', 'both'):
-        trainer.extend(E.PrintReport(PRINT_KEYS, out=_Console()),
-                       trigger=every('log_interval'))
-    if log_cfg['progress'] in ('bar', 'both'):
-        trainer.extend(E.ProgressBar(update_interval=10))
-    if log_cfg['plot'] and E.PlotReport.available():
-        x_key = log_cfg['log_interval'][1]
-        trainer.extend(E.PlotReport(
-            ['main/loss', 'validation/main/loss'], x_key,
-            trigger=every('log_interval'), filename='loss.png'),
-            name='PlotLoss')
-        trainer.extend(E.PlotReport(
-            ['main/accuracy', 'validation/main/accuracy'], x_key,
-            trigger=every('log_interval'), filename='accuracy.png'),
-            name='PlotAccuracy')
-    if hasattr(scaling, 'loss_scales'):
-        trainer.extend(AE.LossScaleRecorder(
-            scaling, interval=log_cfg['loss_scale_interval']))
+    T.extend_trainer(
+        trainer, stop, log_cfg, evaluator, AE.StepLearningRate(
+            train_cfg['lr'], train_cfg['lr_steps'], train_cfg['lr_decay'],
+            train_cfg['warmup_iterations'], train_cfg['warmup_lr'],
+            optimizer=optimizer),
+        optimizer, scaling, resuming, comm,
+        history=['validation/main/accuracy', 'validation/main/loss'],
+        reporters=_reporters(log_cfg))
 
 
 def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
@@ -206,26 +167,13 @@ def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
     dtype = rcfg['run']['dtype']
     spec = parse_mode(cell.mode)
     folder = run_folder(out_root, cfg, cell)
-    writer = comm is None or comm.rank == 0
-    resuming = resume and os.path.exists(os.path.join(folder, R.SNAPSHOT))
-    old = R.read_run(folder) if resuming else None
-    info = {
-        'name': run_name(cell), 'table': cfg['table'], 'model': cell.model,
-        'dataset': cell.dataset, 'mode': str(spec), 'mode_name': spec.name,
-        'mode_options': spec.options, 'seed': cell.seed, 'dtype': dtype,
-        'git_commit': R.git_commit(), 'status': R.RUNNING,
-        'world_size': 1 if comm is None else comm.size,
-        'started': (old or {}).get('started', _now()),
-        'resumed': bool(resuming),
-        'description': cfg['description'],
-    }
-    if writer:
-        if not resuming and os.path.isdir(folder):
-            shutil.rmtree(folder)
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, R.CONFIG_YAML), 'w') as f:
-            f.write(C.dump_config(rcfg))
-        R.write_run(folder, info)
+    writer = T.is_writer(comm)
+    info, resuming = T.open_run(folder, [
+        ('name', run_name(cell)), ('table', cfg['table']),
+        ('model', cell.model), ('dataset', cell.dataset), ('mode', str(spec)),
+        ('mode_name', spec.name), ('mode_options', spec.options),
+        ('seed', cell.seed), ('dtype', dtype)], cfg['description'],
+        C.dump_config(rcfg), resume, comm)
     if comm is not None:
         comm.mpi_comm.Barrier()
 
@@ -240,34 +188,15 @@ def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
             mcfg['width'], mcfg['shortcut']), dtype)
     optimizer = build_optimizer(model, dtype, train_cfg, comm)
 
-    batchsize = train_cfg['batchsize']
-    if comm is not None:
-        import chainermn
-        if batchsize % comm.size:
-            raise ValueError('train.batchsize {} is not divisible by the {} '
-                             'ranks'.format(batchsize, comm.size))
-        batchsize //= comm.size
-        train = chainermn.scatter_dataset(train, comm, shuffle=True,
-                                          seed=cell.seed)
-        test = chainermn.scatter_dataset(test, comm)
+    train, test, batchsize = T.scatter(train, test, train_cfg['batchsize'],
+                                       comm, cell.seed, 'train.batchsize')
     train_iter = chainer.iterators.SerialIterator(train, batchsize)
     test_iter = chainer.iterators.SerialIterator(
         test, train_cfg['eval_batchsize'], repeat=False, shuffle=False)
 
     scaling = make_loss_scaling(cell.mode)
-    summary = io.StringIO()
-    with contextlib.redirect_stdout(summary):   # AdaLossScaled's layer list
-        if comm is None:
-            updater = MixedPrecisionUpdater(train_iter, optimizer, scaling,
-                                            mode=str(spec))
-        else:
-            from ada_loss.training import distributed
-            updater = distributed.DistributedMixedPrecisionUpdater(
-                train_iter, optimizer, scaling, comm, mode=str(spec))
-            distributed.prime_multi_node_optimizer(optimizer, comm)
-    if writer and summary.getvalue():
-        with open(os.path.join(folder, 'scaling.txt'), 'w') as f:
-            f.write(summary.getvalue())
+    updater = T.make_updater(train_iter, optimizer, scaling, spec, comm,
+                             os.path.join(folder, 'scaling.txt'))
 
     stop = StopAt(epochs=train_cfg['epochs'],
                   iterations=train_cfg['max_iterations'])
@@ -275,17 +204,10 @@ def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
     _add_extensions(trainer, rcfg, model, optimizer, scaling, test_iter,
                     comm, resuming, stop)
 
-    error = None
-    try:
-        trainer.run(show_loop_exception_msg=False)
-    except NonFiniteGradientError as e:
-        error = str(e)
+    T.run_trainer(trainer, updater, info, folder, lambda info, error:
+                  _summarize(info, trainer, updater, scaling, error), comm)
     if not writer:
-        info.update(status=R.DIVERGED if error else R.FINISHED,
-                    iterations=updater.iteration)
         return info
-    _summarize(info, trainer, updater, scaling, error)
-    R.write_run(folder, info)
     if info['status'] == R.FINISHED and 'alpha_min' in info and \
             rcfg['log']['plot']:
         from ada_loss.experiment.plots import plot_loss_scales

@@ -26,6 +26,12 @@ from ada_loss.experiment import grid as G
 from ada_loss.experiment import runinfo as R
 
 
+def _switches(parser, *flags):
+    """``store_true`` flags, each ``(flag, help)``."""
+    for flag, text in flags:
+        parser.add_argument(flag, action='store_true', help=text)
+
+
 def build_parser(description=None, default_config=None):
     p = argparse.ArgumentParser(
         description=description or __doc__.split('\n')[0],
@@ -42,21 +48,16 @@ def build_parser(description=None, default_config=None):
     p.add_argument('--out', default='results',
                    help='results root; runs go to OUT/<table>/<run>/ '
                         '(default: %(default)s)')
-    p.add_argument('--resume', action='store_true',
-                   help='continue unfinished runs from their snapshot')
-    p.add_argument('--force', action='store_true',
-                   help='rerun selected runs even if finished')
-    p.add_argument('--mpi', action='store_true',
-                   help='ChainerMN data parallelism (run under mpiexec)')
+    _switches(p, ('--resume', 'continue unfinished runs from their snapshot'),
+              ('--force', 'rerun selected runs even if finished'),
+              ('--mpi', 'ChainerMN data parallelism (run under mpiexec)'))
     p.add_argument('--jobs', type=int, default=1,
                    help='runs trained at once in separate processes '
                         '(not with --mpi; default 1)')
-    p.add_argument('--list', action='store_true',
-                   help='print the selected runs and their status, then exit')
-    p.add_argument('--no-table', action='store_true',
-                   help='do not build the table at the end')
-    p.add_argument('--help-config', action='store_true',
-                   help='print the config schema and exit')
+    _switches(p, ('--list', 'print the selected runs and their status, '
+                  'then exit'),
+              ('--no-table', 'do not build the table at the end'),
+              ('--help-config', 'print the config schema and exit'))
     return p
 
 
@@ -252,4 +253,51 @@ def main(argv=None, default_config=None, description=None, defaults=None,
                              cfg['layout'])
     if after is not None:
         after(cfg, args, table)
+    return 0
+
+
+# -- Tables 2, 3 and 5: one process runs the selected cells in turn ----------
+def build_table_parser(description, default_config, only_help=None):
+    """The command line of ``experiments/table2_imagenet.py`` and
+    ``experiments/table3_ssd.py``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument('--config', default=default_config)
+    p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE')
+    p.add_argument('--only', action='append', default=[], help=only_help)
+    p.add_argument('--out', default='results')
+    _switches(p, *((flag, None) for flag in (
+        '--resume', '--force', '--mpi', '--list', '--table-only')))
+    return p
+
+
+def load_or_exit(load_config, args):
+    """``load_config(args.config, args.set)``; a ConfigError exits."""
+    try:
+        return load_config(args.config, args.set)
+    except C.ConfigError as e:
+        raise SystemExit('error: {}'.format(e))
+
+
+def run_table_cells(args, cfg, cells, name_of, run, write_table):
+    """Runs the cells not finished or diverged (all with ``--force``; none
+    with ``--table-only``; ``--list`` prints their status instead), then
+    ``write_table(<out>/<table>)`` on rank 0. ``run(cfg, cell, out,
+    resume=, comm=)`` trains one cell, ``name_of(cell)`` is its folder."""
+    results = os.path.join(args.out, cfg['table'])
+    comm = None
+    if args.mpi or cfg['distributed']:
+        from ada_loss.training.distributed import create_communicator
+        comm = create_communicator()
+    for cell in cells:
+        status = (R.read_run(os.path.join(results, name_of(cell))) or
+                  {}).get('status', 'missing')
+        if args.list:
+            print('{:45s} {}'.format(name_of(cell), status))
+            continue
+        if args.table_only or (status in (R.FINISHED, R.DIVERGED)
+                               and not args.force):
+            continue
+        run(cfg, cell, args.out, resume=args.resume, comm=comm)
+    if not args.list and (comm is None or comm.rank == 0):
+        write_table(results)
     return 0

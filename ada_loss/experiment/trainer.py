@@ -1,0 +1,242 @@
+"""The parts of a training run shared by every table (paper §4.1 CIFAR,
+§4.2 ImageNet, §4.3 SSD) on Chainer's Trainer.
+
+A run (:func:`ada_loss.experiment.run.run_one`,
+:func:`ada_loss.experiment.imagenet.run_imagenet`,
+:func:`ada_loss.detection.train.run_ssd`) goes through the same steps:
+
+* :func:`open_run`: its folder, ``config.yaml`` and the first ``run.json``
+  (status ``running``; ``--resume`` keeps ``started``);
+* :func:`make_updater`: the mixed-precision updater of the loss-scaling mode
+  (ChainerMN's data-parallel one with a communicator);
+* :func:`extend_trainer`: the standard extensions (evaluator, learning-rate
+  schedule, ``observe_lr``, FP32 master weights in the snapshot,
+  ``snapshot_latest``, LogReport + ``log.csv``, the console reporters and,
+  for ``adaptive``, ``loss_scales.csv``);
+* :func:`run_trainer`: the training loop; a
+  :class:`~ada_loss.scaling.NonFiniteGradientError` (overflow in a mode that
+  cannot skip steps) ends the run as ``diverged``, and the log is summarized
+  into ``run.json`` (:func:`summarize`).
+
+Writers (LogReport, snapshot, ``run.json``) are only on rank 0 (``comm``
+None or rank 0); extension names match on every rank, so a snapshot written
+by rank 0 loads everywhere.
+"""
+import contextlib
+import datetime
+import io
+import math
+import os
+import shutil
+
+import chainer
+import numpy
+from chainer.training import extensions as E
+
+from ada_loss.experiment import runinfo as R
+from ada_loss.scaling import NonFiniteGradientError
+from ada_loss.training import MixedPrecisionUpdater
+from ada_loss.training import extensions as AE
+from ada_loss.training.triggers import IntervalOrEnd
+
+
+def now():
+    return datetime.datetime.now().isoformat(timespec='seconds')
+
+
+def last(log, key):
+    """The last value of ``key`` in a LogReport log (None if never)."""
+    for entry in reversed(log):
+        if key in entry:
+            return entry[key]
+    return None
+
+
+def finite(x):
+    return x is not None and math.isfinite(x)
+
+
+def subset(dataset, size, seed):
+    """A random subset of ``size`` examples (the whole set if ``size`` is
+    None/0 or not smaller)."""
+    if not size or size >= len(dataset):
+        return dataset
+    order = numpy.random.RandomState(seed).permutation(len(dataset))[:size]
+    return chainer.datasets.SubDataset(dataset, 0, size, order=order)
+
+
+def make_iterator(dataset, batchsize, jobs, repeat=True, shuffle=True):
+    """MultiprocessIterator with ``jobs`` processes, SerialIterator if 0."""
+    if jobs:
+        return chainer.iterators.MultiprocessIterator(
+            dataset, batchsize, repeat=repeat, shuffle=shuffle,
+            n_processes=jobs)
+    return chainer.iterators.SerialIterator(dataset, batchsize,
+                                            repeat=repeat, shuffle=shuffle)
+
+
+def is_writer(comm):
+    return comm is None or comm.rank == 0
+
+
+def open_run(folder, fields, description, config_text, resume=False,
+             comm=None):
+    """Starts a run: returns ``(info, resuming)``.
+
+    ``info`` is the ``run.json`` dict: ``fields`` (name, table, model, ...,
+    dtype, in order) then git commit, status ``running``, world size, start
+    time (kept from the old ``run.json`` when resuming), ``resumed`` and
+    ``description``. ``resuming`` is ``resume`` and a snapshot exists. On
+    rank 0 the folder is created (replaced unless resuming) with
+    ``config.yaml`` (``config_text``) and ``run.json``.
+    """
+    resuming = resume and os.path.exists(os.path.join(folder, R.SNAPSHOT))
+    old = R.read_run(folder) if resuming else None
+    info = dict(fields)
+    info.update([
+        ('git_commit', R.git_commit()), ('status', R.RUNNING),
+        ('world_size', 1 if comm is None else comm.size),
+        ('started', (old or {}).get('started', now())),
+        ('resumed', bool(resuming)), ('description', description)])
+    if is_writer(comm):
+        if not resuming and os.path.isdir(folder):
+            shutil.rmtree(folder)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, R.CONFIG_YAML), 'w') as f:
+            f.write(config_text)
+        R.write_run(folder, info)
+    return info, resuming
+
+
+def make_updater(train_iter, optimizer, scaling, spec, comm=None,
+                 summary_path=None):
+    """The (distributed) mixed-precision updater of mode ``spec``. What the
+    loss scaling prints while wrapping the model (AdaLossScaled's layer
+    list) is captured and, on rank 0, written to ``summary_path`` if given
+    (``scaling.txt``)."""
+    summary = io.StringIO()
+    with contextlib.redirect_stdout(summary):
+        if comm is None:
+            updater = MixedPrecisionUpdater(train_iter, optimizer, scaling,
+                                            mode=str(spec))
+        else:
+            from ada_loss.training import distributed
+            updater = distributed.DistributedMixedPrecisionUpdater(
+                train_iter, optimizer, scaling, comm, mode=str(spec))
+            distributed.prime_multi_node_optimizer(optimizer, comm)
+    if summary_path and is_writer(comm) and summary.getvalue():
+        with open(summary_path, 'w') as f:
+            f.write(summary.getvalue())
+    return updater
+
+
+def interval_triggers(log_cfg, stop):
+    """``every(key)``: the trigger of the ``log`` interval ``key``, also
+    firing at the stop point."""
+    def every(key):
+        n, unit = log_cfg[key]
+        return IntervalOrEnd(n, unit, stop)
+    return every
+
+
+def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
+                   optimizer, scaling, resuming=False, comm=None,
+                   history=None, reporters=None):
+    """Registers the standard extensions of a run.
+
+    On every rank: ``evaluator`` (name ``validation``, every
+    ``log.eval_interval``), ``lr_schedule``, ``observe_lr``,
+    :class:`~ada_loss.training.extensions.FP32MasterWeights` and the
+    snapshot ``snapshot_latest`` (autoloaded when ``resuming``; written every
+    ``log.snapshot_interval`` on rank 0 only). On rank 0 also: an
+    ObservationRecorder ``TestHistory`` of the keys ``history`` (if given),
+    LogReport and ``log.csv`` (every ``log.log_interval``), the extensions
+    of ``reporters(every)`` (a list of ``(extension, trigger, name)``, e.g.
+    PrintReport) and, for adaptive scaling, ``loss_scales.csv``.
+    """
+    every = interval_triggers(log_cfg, stop)
+    trainer.extend(evaluator, name='validation',
+                   trigger=every('eval_interval'))
+    trainer.extend(lr_schedule)
+    trainer.extend(E.observe_lr(), trigger=(1, 'iteration'))
+    trainer.extend(AE.FP32MasterWeights(optimizer))
+    writer = is_writer(comm)
+    trainer.extend(E.snapshot(filename=R.SNAPSHOT, autoload=resuming),
+                   trigger=every('snapshot_interval') if writer
+                   else (lambda _: False))
+    if not writer:
+        return
+    if history is not None:
+        trainer.extend(AE.ObservationRecorder(history), name='TestHistory')
+    trainer.extend(E.LogReport(trigger=every('log_interval')))
+    trainer.extend(AE.LogCSV(), trigger=every('log_interval'))
+    for extension, trigger, name in (reporters(every) if reporters else ()):
+        trainer.extend(extension, trigger=trigger, name=name)
+    if hasattr(scaling, 'loss_scales'):
+        trainer.extend(AE.LossScaleRecorder(
+            scaling, interval=log_cfg['loss_scale_interval']))
+
+
+def print_report(keys, every, enabled, out=None):
+    """``reporters`` entry of PrintReport every ``log.log_interval``."""
+    if not enabled:
+        return []
+    report = E.PrintReport(keys) if out is None else E.PrintReport(keys,
+                                                                   out=out)
+    return [(report, every('log_interval'), None)]
+
+
+def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
+    """Fills ``info`` at the end of a run: status (``diverged`` when
+    ``error`` is not None), ``metrics(diverged)`` (an ordered list of
+    ``(key, value)``), skipped steps, iterations, epoch (if ``epoch``), wall
+    time, final loss scale, error and update time."""
+    diverged = error is not None
+    info['status'] = R.DIVERGED if diverged else R.FINISHED
+    info.update(metrics(diverged))
+    info.update(skipped_steps=updater.skipped_steps,
+                iterations=updater.iteration)
+    if epoch:
+        info['epoch'] = updater.epoch_detail
+    info.update(wall_time_s=trainer.elapsed_time, loss_scale=scaling.scale,
+                error=error, updated=now())
+    return info
+
+
+def run_trainer(trainer, updater, info, folder, finalize, comm=None):
+    """Runs the trainer; a NonFiniteGradientError ends it as diverged.
+
+    On rank 0 ``finalize(info, error)`` (``error``: the message or None)
+    completes ``info`` (see :func:`summarize`), which is written to
+    ``run.json``; other ranks only set status and iterations. Returns
+    ``info``.
+    """
+    error = None
+    try:
+        trainer.run(show_loop_exception_msg=False)
+    except NonFiniteGradientError as e:
+        error = str(e)
+    if not is_writer(comm):
+        info.update(status=R.DIVERGED if error else R.FINISHED,
+                    iterations=updater.iteration)
+        return info
+    finalize(info, error)
+    R.write_run(folder, info)
+    return info
+
+
+def scatter(train, test, batchsize, comm, seed, what='batchsize'):
+    """Data parallelism: the per-rank batch size (``batchsize`` is global;
+    ``what`` names it in the error) and the datasets scattered over the
+    ranks (``test`` only if not None). Unchanged without ``comm``."""
+    if comm is None:
+        return train, test, batchsize
+    import chainermn
+    if batchsize % comm.size:
+        raise ValueError('{} {} is not divisible by the {} ranks'.format(
+            what, batchsize, comm.size))
+    batchsize //= comm.size
+    train = chainermn.scatter_dataset(train, comm, shuffle=True, seed=seed)
+    if test is not None:
+        test = chainermn.scatter_dataset(test, comm)
+    return train, test, batchsize
