@@ -49,7 +49,7 @@ DEFAULTS = {
     'momentum': 0.9,
     'weight_decay': 1e-4,
     'seed': 0,
-    'photometric': 'auto',
+    'photometric': True,
     'modes': {'fig1': 'fp32', 'fixed': 'fixed:128', 'adaptive': 'adaptive'},
     'out': 'results/figures',
 }

@@ -13,4 +13,3 @@ from ada_loss.detection.normalize import make_normalize_fp32  # NOQA
 from ada_loss.detection.ssd_train_chain import MultiboxTrainChain  # NOQA
 from ada_loss.detection.ssd_train_chain import setup_ssd_optimizer  # NOQA
 from ada_loss.detection.transforms import SSDTrainTransform  # NOQA
-from ada_loss.detection.transforms import cv2_available  # NOQA

@@ -20,15 +20,6 @@ from ada_loss.experiment.grid import mode_sort_key
 from ada_loss.scaling import parse_mode
 
 
-def _photometric(default, doc):
-    def check(value, key):
-        if value not in (True, False, 'auto'):
-            raise C.ConfigError(key, 'expected true, false or auto, got '
-                                '{!r}'.format(value))
-        return value
-    return C.Field(default, check, 'true, false or auto', doc)
-
-
 SCHEMA = {
     'table': C.string('table3_ssd', 'results subfolder: <out>/<table>/'),
     'layout': C.string('table3', 'table3 (modes x batch) or table5 (fixed '
@@ -55,8 +46,7 @@ SCHEMA = {
     'data': {
         'voc_root': C.string(None, 'VOCdevkit folder or its parent (null: '
                              '$ADA_LOSS_VOC_ROOT)', optional=True),
-        'photometric': _photometric('auto', 'photometric distortion (needs '
-                                    'OpenCV)'),
+        'photometric': C.boolean(True, 'ChainerCV photometric distortion'),
         'train_size': C.integer(None, 'random training subset (mini runs)',
                                 minimum=1, optional=True),
         'test_size': C.integer(None, 'random test subset (mini runs)',
