@@ -108,6 +108,9 @@ class AdaLossScaled(object):
     # -- Algorithm 4 + options -------------------------------------------
     def _gemm_scale(self, func, W, g, alpha):
         key = func.scale_key
+        if key is None:
+            # A GEMM called outside a converted link: cache β per weight.
+            key = ('unnamed', id(func.inputs[1]))
         recompute = ((self.iteration - 1) % self.update_interval == 0
                      or key not in self._betas)
         if recompute:
