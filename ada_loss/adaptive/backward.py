@@ -35,6 +35,7 @@ from chainer.functions.connection import deconvolution_2d as _c_deconv
 from chainer.functions.connection import linear as _c_linear
 from chainer.functions.math import matmul as _c_matmul
 
+from ada_loss.formats.fp16_gemm import widen
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.loss_scale.branch import common_scale
 
@@ -54,7 +55,7 @@ def _max_abs(v):
     xp = backend.get_array_module(a)
     if a.dtype == numpy.float16 and xp is numpy:
         # NumPy's float16 loops are slow (no SIMD): widen once (exact).
-        a = a.astype(numpy.float32)
+        a = widen(a)
     # max(max a, -min a) = max|a| without an |a| temporary; NaN propagates;
     # abs() turns the -0.0 of an all-zero array into 0.0.
     return abs(float(xp.maximum(a.max(), -a.min())))
@@ -67,7 +68,7 @@ def _rescale(v, ratio):
     a = v.array
     if a.dtype == numpy.float16:
         # 2^-k may itself be below FP16's range: scale in FP32, round once.
-        a = (a.astype(numpy.float32) * numpy.float32(ratio)).astype(a.dtype)
+        a = (widen(a) * numpy.float32(ratio)).astype(a.dtype)
     else:
         a = a * a.dtype.type(ratio)
     # NumPy turns a 0-dim array times a scalar into a scalar (the loss).

@@ -17,7 +17,7 @@ import chainer
 from chainer import backend
 from chainer import function_node
 
-from ada_loss.formats.fp16_gemm import emulates_fp16_gemm, round_to
+from ada_loss.formats.fp16_gemm import emulates_fp16_gemm, round_to, widen
 
 
 class FP16Emulation(object):
@@ -35,8 +35,7 @@ class FP16Emulation(object):
 
     def forward(self, inputs):
         if emulates_fp16_gemm(inputs):
-            wide = tuple(None if a is None else a.astype(numpy.float32)
-                         for a in inputs)
+            wide = tuple(None if a is None else widen(a) for a in inputs)
             ys = super(FP16Emulation, self).forward(wide)
             return tuple(round_to(y, numpy.float16, self.output_scale)
                          for y in ys)

@@ -19,6 +19,7 @@ import numpy
 from scipy import special
 
 from ada_loss.formats import get_format
+from ada_loss.formats.fp16_gemm import widen
 
 
 def _xp(a):
@@ -44,7 +45,7 @@ def _max_abs(a):
     xp = _xp(a)
     if a.dtype == numpy.float16 and xp is numpy:
         # NumPy's float16 loops are slow (no SIMD): widen once (exact).
-        a = a.astype(numpy.float32)
+        a = widen(a)
     return _max_abs_wide(xp, a)
 
 
@@ -61,8 +62,10 @@ def _moments(a):
     exact and the mean of squares is the same float32 reduction.
     """
     xp = _xp(a)
-    acc = numpy.promote_types(a.dtype, numpy.float32)
-    a = a.astype(acc, copy=False)
+    if a.dtype == numpy.float16 and xp is numpy:
+        a = widen(a)
+    else:
+        a = a.astype(numpy.promote_types(a.dtype, numpy.float32), copy=False)
     second = float(xp.mean(a * a))
     return second, (_max_abs_wide(xp, a) if a.size else 0.0)
 
