@@ -38,6 +38,7 @@ from chainer.functions.math import matmul as _c_matmul
 from ada_loss.formats.fp16_gemm import widen
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.loss_scale.branch import common_scale
+from ada_loss.loss_scale.gemm import max_abs
 
 #: Chainer's own GEMM nodes: they work, but pass the scale through (β = 1).
 FOREIGN_GEMMS = (_c_linear.LinearFunction, _c_conv.Convolution2DFunction,
@@ -49,16 +50,7 @@ class ScaleAwareBackwardError(RuntimeError):
 
 
 def _max_abs(v):
-    a = v.array
-    if not a.size:
-        return 0.0
-    xp = backend.get_array_module(a)
-    if a.dtype == numpy.float16 and xp is numpy:
-        # NumPy's float16 loops are slow (no SIMD): widen once (exact).
-        a = widen(a)
-    # max(max a, -min a) = max|a| without an |a| temporary; NaN propagates;
-    # abs() turns the -0.0 of an all-zero array into 0.0.
-    return abs(float(xp.maximum(a.max(), -a.min())))
+    return max_abs(v.array)
 
 
 def _rescale(v, ratio):
@@ -79,8 +71,8 @@ class ScaledBackprop(object):
     """One ⟨α, δ⟩ backward pass; see the module docstring.
 
     Args:
-        gemm_scale (callable): ``gemm_scale(func, W, g, alpha)`` → β for a
-            GEMM node, or ``None`` to keep β = 1.
+        gemm_scale (callable): ``gemm_scale(func, W, g, alpha)`` → β (a
+            power of two) for a GEMM node.
         u_max (float): largest finite value of the gradient format (for
             Algorithm 5's overflow test).
     """
@@ -216,6 +208,10 @@ class ScaledBackprop(object):
 
         if len(gxs) == len(inputs) and len(inputs) != len(targets):
             gxs = tuple(gxs[i] for i in targets)
+        elif len(gxs) != len(targets):
+            raise ScaleAwareBackwardError(
+                'function {} returned {} gradients, expected {} or {}'.format(
+                    func.label, len(gxs), len(targets), len(inputs)))
         for i, gx in zip(targets, gxs):
             if gx is None or gx.raw_array is None:
                 continue

@@ -30,16 +30,8 @@ def _xp(a):
         return numpy
 
 
-def _second_moment(a):
-    # E[a²] = σ² + μ² (population moments), accumulated in float32 or wider so
-    # that an FP16 gradient's statistics are neither flushed nor overflowed.
-    xp = _xp(a)
-    acc = numpy.promote_types(a.dtype, numpy.float32)
-    a = a.astype(acc, copy=False)
-    return float(xp.mean(a * a))
-
-
-def _max_abs(a):
+def max_abs(a):
+    """max|a| of a NumPy/CuPy array (0 for an empty one); NaN propagates."""
     if not a.size:
         return 0.0
     xp = _xp(a)
@@ -56,10 +48,11 @@ def _max_abs_wide(xp, a):
 
 
 def _moments(a):
-    """(E[a²], max|a|) from one float32-or-wider copy of ``a``.
+    """(E[a²], max|a|) = (σ² + μ², max|a|) from one widened copy of ``a``.
 
-    Same values as ``(_second_moment(a), _max_abs(a))``: the widening is
-    exact and the mean of squares is the same float32 reduction.
+    E[a²] is accumulated in float32 (exact widening of FP16 values, whose
+    squares cannot leave float32's range). Float32 arrays of values below
+    ~1e-19 have squares below float32's range: then it is redone in float64.
     """
     xp = _xp(a)
     if a.dtype == numpy.float16 and xp is numpy:
@@ -67,7 +60,11 @@ def _moments(a):
     else:
         a = a.astype(numpy.promote_types(a.dtype, numpy.float32), copy=False)
     second = float(xp.mean(a * a))
-    return second, (_max_abs_wide(xp, a) if a.size else 0.0)
+    peak = _max_abs_wide(xp, a) if a.size else 0.0
+    if second == 0.0 and peak > 0.0:
+        a = a.astype(numpy.float64)
+        second = float(xp.mean(a * a))
+    return second, peak
 
 
 def round_down_pow2(x):
