@@ -4,7 +4,7 @@
 # project if needed, then trains ResNet-8 on 16x16 digits with FP32, mixed16
 # without scaling, fixed scales {16, 1024, 16384}, dynamic and adaptive loss
 # scaling (2 seeds), prints the table in the paper's layout and saves a plot
-# of the per-layer adaptive loss scales. About 10 minutes on 2 cores.
+# of the per-layer adaptive loss scales. About 4 minutes on 2 idle cores.
 #   ./scripts/demo.sh                      # results in results/mini/
 #   ./scripts/demo.sh --out /tmp/r --jobs 1 --set train.epochs=4
 set -euo pipefail
