@@ -71,7 +71,7 @@ class BiasGrad(function_node.FunctionNode):
     def backward(self, indexes, grad_outputs):
         ggb, = grad_outputs
         shape = [1] * len(self._shape)
-        shape[1 if len(self._shape) > 2 or self.axis != 0 else 1] = -1
+        shape[1] = -1   # the channel axis (1 for Linear and convolutions)
         return chainer.functions.broadcast_to(
             ggb.reshape(shape), self._shape),
 
