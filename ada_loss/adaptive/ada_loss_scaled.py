@@ -1,6 +1,5 @@
 """Adaptive loss scaling for an unmodified Chainer model (paper §3)."""
 import collections
-import math
 import warnings
 
 import chainer
@@ -9,11 +8,8 @@ import numpy
 from ada_loss.adaptive.backward import ScaledBackprop
 from ada_loss.formats import get_format
 from ada_loss.links import as_gemm_link
-from ada_loss.loss_scale.gemm import gemm_loss_scale, round_down_pow2
-
-
-def _is_power_of_two(x):
-    return x > 0 and math.isfinite(x) and math.frexp(x)[0] == 0.5
+from ada_loss.loss_scale.gemm import (
+    check_scale, gemm_loss_scale, round_down_pow2)
 
 
 class AdaLossScaled(object):
@@ -48,12 +44,7 @@ class AdaLossScaled(object):
     def __init__(self, model, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt='float16', upper_bound_fan_in=False,
                  max_layer_scale=None, max_accum_scale=None, verbose=True):
-        if not (init_scale > 0 and math.isfinite(init_scale)):
-            raise ValueError('init_scale must be a positive finite number, '
-                             'got {!r}'.format(init_scale))
-        if not _is_power_of_two(init_scale):
-            warnings.warn('init_scale {} is not a power of two: scaling and '
-                          'unscaling are not exact'.format(init_scale))
+        check_scale(init_scale, 'init_scale')
         if not 0 < t_uf < 1:
             raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
         if int(update_interval) != update_interval or update_interval < 1:

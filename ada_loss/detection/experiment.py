@@ -88,12 +88,7 @@ def load_config(path, overrides=()):
 
 
 def grid_modes(cfg):
-    modes = list(cfg['grid']['modes'])
-    for s in cfg['grid']['fixed_scales']:
-        mode = str(parse_mode('fixed:{!r}'.format(s)))
-        if mode not in modes:
-            modes.append(mode)
-    return sorted(modes, key=mode_sort_key)
+    return sorted(C.grid_modes(cfg), key=mode_sort_key)
 
 
 def cells(cfg):

@@ -14,6 +14,7 @@ Post-processing (§3.2.3): the overflow bound upper = u_max / (max|W|·max|g|);
 a power of two so that scaling and unscaling are exact.
 """
 import math
+import warnings
 
 import numpy
 from scipy import special
@@ -65,6 +66,22 @@ def _moments(a):
         a = a.astype(numpy.float64)
         second = float(xp.mean(a * a))
     return second, peak
+
+
+def is_power_of_two(x):
+    return x > 0 and math.isfinite(x) and math.frexp(x)[0] == 0.5
+
+
+def check_scale(scale, name):
+    """Validates a user-given loss scale; warns unless it is a power of two
+    (only then are scaling and unscaling exact, §3.2.3). Returns a float."""
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError('{} must be a positive finite number, got {!r}'
+                         .format(name, scale))
+    if not is_power_of_two(scale):
+        warnings.warn('{} {:g} is not a power of two: scaling and unscaling '
+                      'are not exact'.format(name, scale))
+    return float(scale)
 
 
 def round_down_pow2(x):

@@ -6,21 +6,16 @@ optimizer *scaled*, with ``param._loss_scale`` set; Chainer's ``UpdateRule``
 divides them by it in FP32 (on the FP32 master copy under
 ``use_fp32_update()``), never in FP16.
 """
-import math
-import warnings
 
 import chainer
 
 from ada_loss.loss_scale.dynamic import DynamicLossScale
+from ada_loss.loss_scale.gemm import check_scale
 from ada_loss.scaling.modes import parse_mode
 
 
 class NonFiniteGradientError(FloatingPointError):
     """Inf/NaN gradients in a mode that cannot recover by skipping."""
-
-
-def _is_power_of_two(x):
-    return x > 0 and math.isfinite(x) and math.frexp(x)[0] == 0.5
 
 
 class LossScaling(object):
@@ -62,13 +57,7 @@ class FixedScaling(LossScaling):
     """``fixed:S``: static loss scale (Micikevicius et al., 2018)."""
 
     def __init__(self, scale):
-        if not (scale > 0 and math.isfinite(scale)):
-            raise ValueError('fixed loss scale must be a positive finite '
-                             'number, got {!r}'.format(scale))
-        if not _is_power_of_two(scale):
-            warnings.warn('fixed loss scale {:g} is not a power of two: '
-                          'scaling and unscaling are not exact'.format(scale))
-        self._scale = float(scale)
+        self._scale = check_scale(scale, 'fixed loss scale')
 
     def backward(self, loss):
         loss.backward(loss_scale=self._scale)
