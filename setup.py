@@ -14,6 +14,8 @@ setup(
         'chainer==7.8.1',
         'chainercv==0.13.1',
         'PyYAML',
+        # reference (and, where faster, implementation) of the number formats
+        'ml_dtypes',
         'matplotlib',
         'scikit-learn',
         'Pillow',

@@ -6,22 +6,31 @@ Public API:
 * :class:`AdaLossScaled` — layer-wise ⟨α, δ⟩ backprop on any Chainer model.
 * :func:`make_loss_scaling` / :func:`parse_mode` — the loss-scaling modes
   ``fp32``, ``none``, ``fixed:S``, ``dynamic``, ``adaptive``.
+
+``ada_loss.formats`` and ``ada_loss.loss_scale`` need only NumPy (or CuPy):
+without Chainer installed, ``import ada_loss`` gives just those two.
 """
 import warnings as _warnings
-
-with _warnings.catch_warnings():
-    # Chainer 7 imports numpy.distutils and pkg_resources, both deprecated on
-    # Python 3.11; the warnings concern Chainer's packaging, not the user.
-    _warnings.filterwarnings('ignore', category=DeprecationWarning)
-    _warnings.filterwarnings('ignore', category=PendingDeprecationWarning)
-    import chainer  # NOQA
 
 from ada_loss.formats import FloatFormat, get_format  # NOQA
 from ada_loss.loss_scale import (  # NOQA
     DynamicLossScale, common_scale, gemm_loss_scale, gemm_scale_bounds)
-from ada_loss.adaptive import AdaLossScaled, ScaleAwareBackwardError  # NOQA
-from ada_loss.scaling import (  # NOQA
-    DTYPES, MODES, NonFiniteGradientError, make_loss_scaling, parse_mode,
-    resolve_dtype)
+
+try:
+    with _warnings.catch_warnings():
+        # Chainer 7 imports numpy.distutils and pkg_resources, deprecated on
+        # Python 3.11; the warnings concern Chainer's packaging, not the user.
+        _warnings.filterwarnings('ignore', category=DeprecationWarning)
+        _warnings.filterwarnings('ignore', category=PendingDeprecationWarning)
+        import chainer  # NOQA
+except ImportError:     # the framework-free parts above still work
+    chainer = None
+
+if chainer is not None:
+    from ada_loss.adaptive import (  # NOQA
+        AdaLossScaled, ScaleAwareBackwardError)
+    from ada_loss.scaling import (  # NOQA
+        DTYPES, MODES, NonFiniteGradientError, make_loss_scaling, parse_mode,
+        resolve_dtype)
 
 __version__ = '0.1.0'

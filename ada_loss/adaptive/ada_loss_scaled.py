@@ -9,7 +9,7 @@ from ada_loss.adaptive.backward import ScaledBackprop
 from ada_loss.formats import get_format
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.gemm import (
-    check_scale, gemm_loss_scale, round_down_pow2)
+    check_bound, check_scale, gemm_loss_scale, round_down_pow2)
 
 
 class AdaLossScaled(object):
@@ -34,15 +34,19 @@ class AdaLossScaled(object):
         fmt (str): gradient format whose range is targeted ('float16'; with
             float32 arrays this still targets FP16's range, which makes the
             method testable bit for bit).
-        upper_bound_fan_in (bool): *not in the paper* (reference code):
-            divide the overflow bound of each layer by its fan-in.
+        bound (str): the overflow bound of each β (see
+            :mod:`ada_loss.loss_scale.gemm`): ``'output'`` (default, *not in
+            the paper*: bounds the GEMM's output gradient, so β·gx cannot
+            overflow), ``'product'`` (the paper's §3.2.3, bounds one
+            product), ``'fan_in'`` (the reference code's: the product bound
+            divided by the fan-in).
         max_layer_scale (float): *not in the paper*: cap on each β.
         max_accum_scale (float): *not in the paper*: cap on each α.
         verbose (bool): print which layers were converted.
     """
 
     def __init__(self, model, init_scale=1.0, t_uf=1e-3, update_interval=1,
-                 fmt='float16', upper_bound_fan_in=False,
+                 fmt='float16', bound='output',
                  max_layer_scale=None, max_accum_scale=None, verbose=True):
         check_scale(init_scale, 'init_scale')
         if not 0 < t_uf < 1:
@@ -60,7 +64,7 @@ class AdaLossScaled(object):
         self.t_uf = float(t_uf)
         self.update_interval = int(update_interval)
         self.fmt = get_format(fmt)
-        self.upper_bound_fan_in = bool(upper_bound_fan_in)
+        self.bound = check_bound(bound)
         self.max_layer_scale = max_layer_scale
         self.max_accum_scale = max_accum_scale
         self.iteration = 0
@@ -105,9 +109,10 @@ class AdaLossScaled(object):
         recompute = ((self.iteration - 1) % self.update_interval == 0
                      or key not in self._betas)
         if recompute:
-            upper_div = W.size // W.shape[0] if self.upper_bound_fan_in else 1
+            gain = (func.grad_input_gain(W) if self.bound == 'output'
+                    else None)
             beta = gemm_loss_scale(W, g, self.t_uf, self.fmt,
-                                   upper_div=upper_div,
+                                   bound=self.bound, gain=gain,
                                    max_scale=self.max_layer_scale)
             self._betas[key] = beta
         beta = self._betas[key]

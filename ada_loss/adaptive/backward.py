@@ -35,7 +35,7 @@ from chainer.functions.connection import deconvolution_2d as _c_deconv
 from chainer.functions.connection import linear as _c_linear
 from chainer.functions.math import matmul as _c_matmul
 
-from ada_loss.formats.fp16_gemm import widen
+from ada_loss.formats.widen import widen
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.loss_scale.branch import common_scale
 from ada_loss.loss_scale.gemm import max_abs

@@ -1,4 +1,10 @@
-"""Numerical formats: the range of each format and FP16 GEMM emulation."""
-from ada_loss.formats.float_format import FloatFormat, get_format  # NOQA
-from ada_loss.formats.fp16_gemm import (  # NOQA
-    FP16_GEMM_MODES, emulates_fp16_gemm, fp16_gemm_mode, round_to)
+"""Number formats: their ranges and rounding (NumPy only, no Chainer/SciPy).
+
+* :func:`get_format` / :class:`FloatFormat`: float32, float16, bfloat16, OCP
+  FP8 (E4M3, E5M2), FP6/FP4, and any IEEE-style ``e<E>m<M>``, each with
+  ``u_min``, ``u_max`` and ``quantize``.
+* :func:`widen`: exact float16 → float32, fast on NumPy.
+"""
+from ada_loss.formats.float_format import (  # NOQA
+    OVERFLOW_POLICIES, FloatFormat, get_format)
+from ada_loss.formats.widen import widen  # NOQA

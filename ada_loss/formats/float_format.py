@@ -1,51 +1,209 @@
-"""Representable range of the floating-point formats loss scaling targets.
+"""Binary floating-point formats: their range and how values round into them.
 
-The paper (§2.1) writes the FP16 range as [u_min, u_max] with u_min = 2^-24, the
-smallest positive subnormal, and u_max the largest finite value. Loss scales are
-computed against a *format*, independently of the dtype the arrays are stored
-in: running in float32 with the float16 format is what makes adaptive scaling
-testable bit for bit against plain backprop.
+The paper (§2.1) writes a format's range as [u_min, u_max]: u_min the smallest
+positive (subnormal) value, u_max the largest finite one. Loss scales are
+computed against a *format*, independently of the dtype arrays are stored in:
+running in float32 with the float16 format is what makes adaptive scaling
+testable bit for bit against plain backprop, and storing FP32 values rounded to
+a format (:meth:`FloatFormat.quantize`) is how formats without a NumPy dtype
+(bfloat16, FP8, any (exp, man) split as in APS, seed 004) are emulated.
+
+Names accepted by :func:`get_format`:
+
+==============  =============================================================
+``float32``     IEEE binary32 (e8m23)
+``float16``     IEEE binary16 (e5m10)
+``bfloat16``    e8m7, IEEE-style (Inf, NaN, subnormals)
+``fp8_e4m3``    OCP FP8 E4M3 ("e4m3fn"): no infinities, max 448, overflow → NaN
+``fp8_e5m2``    OCP FP8 E5M2: IEEE-style, max 57344, overflow → Inf
+``fp6_e3m2``,   OCP MX FP6/FP4: no Inf/NaN encodings; overflow *saturates* to
+``fp6_e2m3``,   ± the largest value (max 28, 7.5, 6); NaN is kept as NaN in
+``fp4_e2m1``    the FP32 storage
+``e<E>m<M>``    IEEE-style with E exponent bits (2..8) and M mantissa bits
+                (0..23): bias 2^(E-1) − 1, subnormals, Inf and NaN
+                (``e5m2``, ``e4m3`` (max 240), ``e3m0``, ...)
+==============  =============================================================
+
+This module needs NumPy only (no Chainer, no SciPy); ``ml_dtypes`` is used
+when installed, as the faster implementation of a cast where it is faster.
 """
-import collections
+import re
 
 import numpy
 
+from ada_loss.formats import quantize as _q
 
-class FloatFormat(collections.namedtuple(
-        'FloatFormat', ('name', 'u_min', 'u_max', 'dtype'))):
-    """A binary floating-point format.
+OVERFLOW_POLICIES = ('inf', 'nan', 'saturate')
+
+_EXPLICIT = ('float32', 'float16', 'bfloat16', 'fp8_e4m3', 'fp8_e5m2',
+             'fp6_e3m2', 'fp6_e2m3', 'fp4_e2m1')
+_ACCEPTED = ', '.join(_EXPLICIT) + ', or e<E>m<M> with E in 2..8 and M in ' \
+    '0..23 (IEEE-style, e.g. e5m2, e4m3, e3m0)'
+
+
+class FloatFormat(object):
+    """A binary floating-point format with FP32-representable values.
 
     Attributes:
-        name (str): ``'float16'``, ``'bfloat16'`` or ``'float32'``.
+        name (str): the canonical name (see the module docstring).
+        exp_bits (int), man_bits (int): E and M.
+        emin (int): exponent of the smallest normal value, 2^emin.
+        emax (int): exponent of the largest finite value.
         u_min (float): smallest positive (subnormal) value, ``u`` in Eq. (1).
         u_max (float): largest finite value, ``u_max`` in §3.2.3.
-        dtype: the NumPy dtype storing the format, or ``None`` when NumPy has
-            none (bfloat16: usable for loss-scale computation only).
+        overflow (str): what a value beyond u_max becomes: ``'inf'`` (IEEE),
+            ``'nan'`` (OCP E4M3) or ``'saturate'`` (± u_max; OCP FP6/FP4).
+        dtype: the NumPy dtype that stores the format natively (float16,
+            float32) or ``None``: then values are emulated in float32.
     """
 
-    __slots__ = ()
+    def __init__(self, name, exp_bits, man_bits, emax, overflow, dtype=None,
+                 ml_dtype=None):
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError('overflow must be one of {}, got {!r}'.format(
+                OVERFLOW_POLICIES, overflow))
+        self.name = name
+        self.exp_bits = int(exp_bits)
+        self.man_bits = int(man_bits)
+        bias = 2 ** (self.exp_bits - 1) - 1
+        self.emin = 1 - bias
+        self.emax = int(emax)
+        self.overflow = overflow
+        self.dtype = None if dtype is None else numpy.dtype(dtype)
+        self.ml_dtype = ml_dtype
+        self.u_min = 2.0 ** (self.emin - self.man_bits)
+        top = 2.0 - 2.0 ** -self.man_bits
+        if overflow == 'nan' and self.man_bits > 0:
+            # E4M3FN: the all-ones mantissa of the top binade encodes NaN.
+            top = 2.0 - 2.0 ** (1 - self.man_bits)
+        self.u_max = top * 2.0 ** self.emax
+        self._rounder = _q.BitRounder(self.man_bits, self.emin, self.u_max,
+                                      self.overflow)
+
+    @property
+    def saturates(self):
+        """True if overflow gives ± u_max instead of Inf/NaN (then a value at
+        ± u_max must be read as a possible overflow)."""
+        return self.overflow == 'saturate'
+
+    @property
+    def is_float32(self):
+        return self.exp_bits == 8 and self.man_bits == 23
+
+    def quantize(self, x, rounding='nearest', rng=None):
+        """The values of ``x`` rounded to this format, stored in float32.
+
+        Args:
+            x: a float32 (or float16, widened exactly) NumPy or CuPy array.
+            rounding (str): ``'nearest'`` (round to nearest, ties to even;
+                subnormals kept) or ``'stochastic'`` (round up with
+                probability equal to the distance to the lower neighbour,
+                in units of the local spacing).
+            rng: for ``'stochastic'``: a ``numpy.random.Generator`` (CuPy:
+                ``cupy.random.Generator``) or an int seed; required.
+
+        Returns:
+            a float32 array of x's shape whose values are this format's
+            values; beyond u_max: ±Inf, NaN or ±u_max per :attr:`overflow`.
+            NaN stays NaN.
+        """
+        return _q.quantize(self, x, rounding, rng)
+
+    def __eq__(self, other):
+        return isinstance(other, FloatFormat) and self.name == other.name
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __repr__(self):
+        return ('FloatFormat({!r}, e{}m{}, u_min=2^{}, u_max={!r}, '
+                'overflow={!r})'.format(self.name, self.exp_bits,
+                                        self.man_bits,
+                                        self.emin - self.man_bits,
+                                        self.u_max, self.overflow))
 
     def __str__(self):
         return self.name
 
 
-_FORMATS = {
-    'float16': FloatFormat('float16', 2.0 ** -24, 65504.0, numpy.dtype('float16')),
-    'bfloat16': FloatFormat('bfloat16', 2.0 ** -133,
-                            float((2 - 2.0 ** -7) * 2.0 ** 127), None),
-    'float32': FloatFormat('float32', 2.0 ** -149,
-                           float(numpy.finfo(numpy.float32).max),
-                           numpy.dtype('float32')),
-}
+def _ml(name):
+    try:
+        import ml_dtypes
+    except ImportError:   # optional: the bit-level path needs NumPy only
+        return None
+    return getattr(ml_dtypes, name)
+
+
+def _ieee(e, m):
+    return 2 ** (e - 1) - 1   # emax of an IEEE-style format = its bias
+
+
+def _make(name):
+    if name == 'float32':
+        return FloatFormat(name, 8, 23, 127, 'inf', numpy.float32)
+    if name == 'float16':
+        return FloatFormat(name, 5, 10, 15, 'inf', numpy.float16,
+                           numpy.float16)
+    if name == 'bfloat16':
+        return FloatFormat(name, 8, 7, 127, 'inf', None, _ml('bfloat16'))
+    if name == 'fp8_e4m3':
+        return FloatFormat(name, 4, 3, 8, 'nan', None, _ml('float8_e4m3fn'))
+    if name == 'fp8_e5m2':
+        return FloatFormat(name, 5, 2, 15, 'inf', None, _ml('float8_e5m2'))
+    if name == 'fp6_e3m2':
+        return FloatFormat(name, 3, 2, 4, 'saturate', None,
+                           _ml('float6_e3m2fn'))
+    if name == 'fp6_e2m3':
+        return FloatFormat(name, 2, 3, 2, 'saturate', None,
+                           _ml('float6_e2m3fn'))
+    if name == 'fp4_e2m1':
+        return FloatFormat(name, 2, 1, 2, 'saturate', None,
+                           _ml('float4_e2m1fn'))
+    match = re.fullmatch(r'e(\d+)m(\d+)', name)
+    if match:
+        e, m = int(match.group(1)), int(match.group(2))
+        if 2 <= e <= 8 and 0 <= m <= 23:
+            if (e, m) == (8, 23):
+                return _make('float32')
+            if (e, m) == (5, 10):
+                return _make('float16')
+            if (e, m) == (8, 7):
+                return _make('bfloat16')
+            ml = {(5, 2): 'float8_e5m2', (4, 3): 'float8_e4m3',
+                  (3, 4): 'float8_e3m4'}.get((e, m))
+            return FloatFormat(name, e, m, _ieee(e, m), 'inf', None,
+                               _ml(ml) if ml else None)
+        raise ValueError(
+            'impossible format {!r}: exponent bits must be 2..8 and mantissa '
+            'bits 0..23 (values must be representable in float32); accepted: '
+            '{}'.format(name, _ACCEPTED))
+    return None
+
+
+_CACHE = {}
 
 
 def get_format(fmt):
-    """Returns the :class:`FloatFormat` named ``fmt`` (or ``fmt`` itself)."""
+    """The :class:`FloatFormat` named ``fmt`` (a name, a NumPy float16/float32
+    dtype, or a FloatFormat, returned as is).
+
+    Raises:
+        ValueError: an unknown name or an impossible (E, M), listing what is
+            accepted.
+    """
     if isinstance(fmt, FloatFormat):
         return fmt
-    key = numpy.dtype(fmt).name if not isinstance(fmt, str) else fmt
-    try:
-        return _FORMATS[key]
-    except KeyError:
-        raise ValueError('unknown floating-point format {!r}; expected one of {}'
-                         .format(fmt, ', '.join(sorted(_FORMATS))))
+    if not isinstance(fmt, str):
+        try:
+            fmt = numpy.dtype(fmt).name
+        except TypeError:
+            raise ValueError('unknown floating-point format {!r}; expected {}'
+                             .format(fmt, _ACCEPTED))
+    key = fmt.strip().lower()
+    if key not in _CACHE:
+        f = _make(key)
+        if f is None:
+            raise ValueError('unknown floating-point format {!r}; expected {}'
+                             .format(fmt, _ACCEPTED))
+        _CACHE[key] = f
+    return _CACHE[key]

@@ -3,7 +3,7 @@
 Drop-in replacements of ``chainer.functions.linear``, ``convolution_2d`` and
 ``deconvolution_2d``: same arguments, same results in float32. On float16
 NumPy arrays they compute with FP32 accumulation (see
-:mod:`ada_loss.formats.fp16_gemm`), and their backward honours a layer-wise
+:mod:`ada_loss.functions.fp16_gemm`), and their backward honours a layer-wise
 loss scale β for the input gradient (Algorithm 3).
 """
 from ada_loss.functions.gemm import GemmFunction, gemm_function_types  # NOQA

@@ -2,6 +2,7 @@
 from chainer.functions.connection import convolution_2d as _conv
 
 from ada_loss.functions.gemm import FP16Emulation, GemmFunction
+from ada_loss.loss_scale.gemm import grad_input_gain
 
 
 class Convolution2DGradW(FP16Emulation, _conv.Convolution2DGradW):
@@ -12,6 +13,13 @@ class Convolution2DFunction(GemmFunction, FP16Emulation,
                             _conv.Convolution2DFunction):
 
     bias_axis = (0, 2, 3)
+
+    def grad_input_gain(self, W):
+        # W: (out, in/groups, kh, kw); input channel c' of group k gets
+        # gradient from the outputs of group k only.
+        out, cin, kh, kw = W.shape
+        Wg = W.reshape(self.groups, out // self.groups, cin, kh, kw)
+        return grad_input_gain(Wg, (1, 3, 4))
 
     def grad_input(self, x, W, gy, scale):
         from ada_loss.functions.deconvolution_2d import Deconvolution2DFunction

@@ -10,6 +10,7 @@ class Deconvolution2DFunction(GemmFunction, FP16Emulation,
                               _deconv.Deconvolution2DFunction):
 
     bias_axis = (0, 2, 3)
+    grad_input_axes = (1, 2, 3)   # W: (in, out/groups, kh, kw)
 
     def grad_input(self, x, W, gy, scale):
         if self.cover_all is None:

@@ -17,7 +17,9 @@ import chainer
 from chainer import backend
 from chainer import function_node
 
-from ada_loss.formats.fp16_gemm import emulates_fp16_gemm, round_to, widen
+from ada_loss.formats.widen import widen
+from ada_loss.loss_scale.gemm import grad_input_gain
+from ada_loss.functions.fp16_gemm import emulates_fp16_gemm, round_to
 
 
 class FP16Emulation(object):
@@ -93,9 +95,17 @@ class GemmFunction(object):
     scale_key = None
     grad_input_scale = 1
 
+    #: axes of W the input-gradient GEMM sums over (see grad_input_gain)
+    grad_input_axes = None
+
     def gemm_weight(self):
         """The weight array W used by this GEMM (Algorithm 4)."""
         return self.get_retained_inputs()[1].array
+
+    def grad_input_gain(self, W):
+        """max over input units of Σ|W| over the entries that feed it in the
+        backward: max|gx| ≤ max|gy| · gain (the ``'output'`` bound)."""
+        return grad_input_gain(W, self.grad_input_axes)
 
     def backward(self, indexes, grad_outputs):
         x, W = self.get_retained_inputs()

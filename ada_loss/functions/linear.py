@@ -20,6 +20,7 @@ class LinearGradWeight(FP16Emulation, _linear.LinearGradWeight):
 class LinearFunction(GemmFunction, FP16Emulation, _linear.LinearFunction):
 
     bias_axis = 0
+    grad_input_axes = (0,)     # gx_j = Σ_i gy_i W_ij
 
     def grad_input(self, x, W, gy, scale):
         gx, = LinearGradData(scale).apply((W, gy))

@@ -9,18 +9,73 @@ and the smallest scale that keeps P(β|p| ≤ u) ≤ T_uf is (Eq. 1)
 
     lower = u / (σ_p · √2 · erfinv(T_uf)).
 
-Post-processing (§3.2.3): the overflow bound upper = u_max / (max|W|·max|g|);
-β* = max(lower, 1), replaced by upper where upper < β*; then rounded *down* to
-a power of two so that scaling and unscaling are exact.
+Post-processing (§3.2.3): an overflow bound ``upper``; β* = max(lower, 1),
+replaced by upper where upper < β*; then rounded *down* to a power of two so
+that scaling and unscaling are exact.
+
+The overflow bound (``bound``):
+
+* ``'product'`` — the paper's: upper = u_max / (max|W|·max|g|). It bounds
+  one product w·g, not the GEMM's output, which sums fan-out many of them: in
+  FP16 the headroom hides this, in FP8 (u_max = 448) it overflows.
+* ``'output'`` — *this project's default, not in the paper*: the input
+  gradient of the GEMM is gx_j = Σ_i g_i W_ij, so |gx_j| ≤ max|g| · Σ_i |W_ij|
+  and upper = u_max / (max|g| · max_j Σ_i |W_ij|) guarantees that β·gx cannot
+  overflow (deterministically; the sum runs over the axes the backward
+  contracts, given by the GEMM node as ``gain``, see :func:`grad_input_gain`).
+* ``'fan_in'`` — the reference code's: the product bound divided by the
+  forward fan-in.
+
+This module needs NumPy only (CuPy arrays work too); SciPy's erfinv is used
+when installed, else :func:`erfinv` below.
 """
+import functools
 import math
 import warnings
 
 import numpy
-from scipy import special
 
 from ada_loss.formats import get_format
-from ada_loss.formats.fp16_gemm import widen
+from ada_loss.formats.widen import widen
+
+BOUNDS = ('output', 'product', 'fan_in')
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _erfinv_newton(y):
+    """erfinv(y) for 0 < y < 1 from the standard library: Winitzki's
+    approximation refined by Halley steps on ``math.erf``/``math.erfc``
+    (erfc near 1, where erf(x) − y would cancel); within 3 ulp of SciPy."""
+    a = 0.147
+    ln = math.log1p(-y * y)
+    t = 2.0 / (math.pi * a) + ln / 2.0
+    x = math.sqrt(math.sqrt(t * t - ln / a) - t)
+    for _ in range(100):
+        err = math.erf(x) - y if y <= 0.5 else (1.0 - y) - math.erfc(x)
+        step = err / (_TWO_OVER_SQRT_PI * math.exp(-x * x))
+        step /= 1.0 + x * step
+        x_new = x - step
+        if x_new == x:
+            break
+        x = x_new
+    return x
+
+
+@functools.lru_cache(maxsize=64)
+def erfinv(y):
+    """Inverse error function of a scalar 0 < y < 1 (T_uf in Eq. 1).
+
+    SciPy's value when SciPy is importable (so CPU results do not depend on
+    this module), else :func:`_erfinv_newton`.
+    """
+    if not 0 < y < 1:
+        raise ValueError('erfinv needs 0 < y < 1, got {!r}'.format(y))
+    try:
+        from scipy import special
+    except ImportError:
+        return _erfinv_newton(float(y))
+    return float(special.erfinv(y))
 
 
 def _xp(a):
@@ -90,27 +145,59 @@ def round_down_pow2(x):
     return math.ldexp(1.0, e - 1)
 
 
-def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16'):
+def grad_input_gain(W, axes):
+    """max_j Σ_i |W_ij|: the largest factor by which the backward GEMM can
+    grow max|g| (the ∞-norm of the map g ↦ gx), with ``axes`` the axes of W
+    the backward contracts (Linear ``(0,)``, Convolution2D ``(0, 2, 3)``,
+    Deconvolution2D ``(1, 2, 3)``). Accumulated in float64."""
+    xp = _xp(W)
+    a = W.astype(numpy.float64)
+    return float(xp.abs(a).sum(axis=axes).max()) if W.size else 0.0
+
+
+def check_bound(bound):
+    if bound not in BOUNDS:
+        raise ValueError('unknown overflow bound {!r}; expected one of: {}'
+                         .format(bound, ', '.join(BOUNDS)))
+    return bound
+
+
+def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16', bound='product',
+                      gain=None):
     """Raw (lower, upper) bounds of §3.2.1/§3.2.3 before post-processing.
 
+    Args:
+        bound: ``'product'`` (the paper), ``'output'`` (needs ``gain``, see
+            :func:`grad_input_gain`) or ``'fan_in'`` (the product bound
+            divided by W.size // W.shape[0]).
+
     Returns ``lower = None`` when σ_p = 0 (W or g all zero) and
-    ``upper = None`` when max|W|·max|g| = 0 (no overflow possible).
+    ``upper = None`` when the bound's denominator is 0 (no overflow possible).
     """
     if not 0 < t_uf < 1:
         raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
+    check_bound(bound)
     f = get_format(fmt)
     w2, w_max = _moments(W)
     g2, g_max = _moments(g)
     sigma_p = math.sqrt(w2 * g2)
-    lower = (f.u_min / (sigma_p * math.sqrt(2.0) * float(special.erfinv(t_uf)))
+    lower = (f.u_min / (sigma_p * math.sqrt(2.0) * erfinv(t_uf))
              if sigma_p > 0 else None)
-    peak = w_max * g_max
+    if bound == 'output':
+        if gain is None:
+            raise ValueError("bound='output' needs the GEMM's gain "
+                             '(grad_input_gain(W, axes))')
+        peak = g_max * gain
+    else:
+        peak = w_max * g_max
+        if bound == 'fan_in':
+            peak *= W.size // W.shape[0]
     upper = f.u_max / peak if peak > 0 else None
     return lower, upper
 
 
-def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', upper_div=1.0,
-                    max_scale=None):
+def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', bound='product',
+                    gain=None, max_scale=None):
     """Loss scale β of one GEMM layer: Algorithm 4 plus §3.2.3.
 
     Args:
@@ -119,15 +206,15 @@ def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', upper_div=1.0,
         t_uf (float): allowed underflow probability T_uf (paper: 1e-3).
         fmt: format whose range is targeted: u = its smallest subnormal
             (2^-24 for float16), u_max its largest finite value.
-        upper_div (float): *not in the paper*: divide the overflow bound by
-            this (the reference code used the GEMM fan-in). Default 1.
+        bound (str), gain (float): the overflow bound (module docstring);
+            ``'product'``, the paper's, by default here.
         max_scale (float or None): *not in the paper*: cap on β.
 
     Returns:
         float: a power of two. 1 when σ_p = 0 or the statistics are not
         finite (a non-finite gradient; that step is skipped anyway).
     """
-    lower, upper = gemm_scale_bounds(W, g, t_uf, fmt)
+    lower, upper = gemm_scale_bounds(W, g, t_uf, fmt, bound, gain)
     if lower is None or not math.isfinite(lower):
         return 1.0
     beta = max(lower, 1.0)
@@ -135,7 +222,6 @@ def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', upper_div=1.0,
         # upper == 0 means max|W|·max|g| is infinite: an Inf in W or g.
         if not (math.isfinite(upper) and upper > 0):
             return 1.0
-        upper /= upper_div
         if upper < beta:
             beta = upper
     if max_scale is not None:

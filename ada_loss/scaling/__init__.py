@@ -8,7 +8,7 @@
                    ``growth_factor``, ``backoff_factor``, ``growth_interval``
 ``adaptive[:k=v]`` layer-wise adaptive scaling (this paper); keys
                    ``init_scale``, ``t_uf``, ``update_interval``, ``fmt``,
-                   ``upper_bound_fan_in``, ``max_layer_scale``,
+                   ``bound``, ``max_layer_scale``,
                    ``max_accum_scale``
 =================  ========================================================
 """

@@ -101,11 +101,11 @@ class AdaptiveScaling(LossScaling):
     recovers = True
 
     def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
-                 fmt='float16', upper_bound_fan_in=False, max_layer_scale=None,
+                 fmt='float16', bound='output', max_layer_scale=None,
                  max_accum_scale=None):
         self.options = dict(
             init_scale=init_scale, t_uf=t_uf, update_interval=update_interval,
-            fmt=fmt, upper_bound_fan_in=upper_bound_fan_in,
+            fmt=fmt, bound=bound,
             max_layer_scale=max_layer_scale, max_accum_scale=max_accum_scale)
         self.ada = None
         # Validate now, before any model exists (bad input stops early).

@@ -11,7 +11,8 @@ import pytest
 from scipy import special
 
 from ada_loss.loss_scale import (
-    common_scale, gemm_loss_scale, gemm_scale_bounds, round_down_pow2)
+    common_scale, gemm_loss_scale, gemm_scale_bounds, grad_input_gain,
+    round_down_pow2)
 
 U = {'float16': (2.0 ** -24, 65504.0),
      'bfloat16': (2.0 ** -133, (2 - 2.0 ** -7) * 2.0 ** 127)}
@@ -206,7 +207,8 @@ def test_non_finite_gives_one(bad, where, dtype):
     g = (rng.randn(4, 8) * 1e-4).astype(dtype)
     (g if where == 'g' else W)[1, 2] = bad
     assert gemm_loss_scale(W, g) == 1.0
-    assert gemm_loss_scale(W, g, upper_div=8) == 1.0
+    assert gemm_loss_scale(W, g, bound='fan_in') == 1.0
+    assert gemm_loss_scale(W, g, bound='output', gain=1.0) == 1.0
 
 
 @pytest.mark.parametrize('t_uf', [0, 1, -0.1, 1.5, float('nan')])
@@ -225,16 +227,30 @@ def test_unknown_format():
         gemm_loss_scale(W, W, fmt='float8')
 
 
-def test_upper_div_and_max_scale_options():
+def test_bound_options_and_max_scale():
     rng = np.random.RandomState(7)
-    W = (rng.randn(64, 64) * 0.05).astype(np.float32)
+    W = (rng.randn(64, 48) * 0.05).astype(np.float32)
     g = (rng.randn(16, 64) * 1e-7).astype(np.float32)
     lower, upper = gemm_scale_bounds(W, g)
     assert lower > 1
     base = gemm_loss_scale(W, g)
     assert base == pow2_floor(lower)
-    div = upper / lower * 4  # makes upper / div = lower / 4 < lower
-    assert gemm_loss_scale(W, g, upper_div=div) == pow2_floor(upper / div)
+    # fan_in: the product bound divided by W.size // W.shape[0] = 48
+    lo_f, up_f = gemm_scale_bounds(W, g, bound='fan_in')
+    assert lo_f == lower and up_f == pytest.approx(upper / 48, rel=1e-12)
+    # output: u_max / (max|g| * max_j sum_i |W_ij|), computed independently
+    gain = float(np.abs(W.astype(np.float64)).sum(axis=0).max())
+    assert grad_input_gain(W, (0,)) == pytest.approx(gain, rel=1e-12)
+    lo_o, up_o = gemm_scale_bounds(W, g, bound='output', gain=gain)
+    assert up_o == pytest.approx(
+        65504.0 / (float(np.abs(g).max()) * gain), rel=1e-6)
+    for bound, up in (('fan_in', up_f), ('output', up_o)):
+        want = pow2_floor(min(max(lower, 1.0), up))
+        assert gemm_loss_scale(W, g, bound=bound, gain=gain) == want
+    with pytest.raises(ValueError, match='gain'):
+        gemm_scale_bounds(W, g, bound='output')
+    with pytest.raises(ValueError, match='output, product, fan_in'):
+        gemm_scale_bounds(W, g, bound='sum')
     assert gemm_loss_scale(W, g, max_scale=8.0) == 8.0
     assert gemm_loss_scale(W, g, max_scale=12.0) == 8.0
 

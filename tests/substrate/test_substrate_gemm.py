@@ -27,7 +27,7 @@ import chainer.links as L
 
 from ada_loss import functions as AF
 from ada_loss import links as AL
-from ada_loss.formats import FP16_GEMM_MODES, fp16_gemm_mode
+from ada_loss.functions.fp16_gemm import FP16_GEMM_MODES, fp16_gemm_mode
 
 F16 = numpy.float16
 F32 = numpy.float32

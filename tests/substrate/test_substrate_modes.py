@@ -40,10 +40,10 @@ def test_public_names():
     ('dynamic:init_scale=1024, growth_interval=3', 'dynamic',
      {'init_scale': 1024, 'growth_interval': 3},
      'dynamic:growth_interval=3,init_scale=1024'),
-    ('adaptive:t_uf=0.01,upper_bound_fan_in=true,max_layer_scale=none',
+    ('adaptive:t_uf=0.01,bound=fan_in,max_layer_scale=none',
      'adaptive',
-     {'t_uf': 0.01, 'upper_bound_fan_in': True, 'max_layer_scale': None},
-     'adaptive:max_layer_scale=None,t_uf=0.01,upper_bound_fan_in=True'),
+     {'t_uf': 0.01, 'bound': 'fan_in', 'max_layer_scale': None},
+     'adaptive:bound=fan_in,max_layer_scale=None,t_uf=0.01'),
 ])
 def test_parse_valid(mode, name, options, text):
     spec = parse_mode(mode)
@@ -152,7 +152,7 @@ def test_parse_mode_rejects(mode, needles):
     ('adaptive:init_scale=-1', ['init_scale', 'positive finite']),
     ('adaptive:update_interval=0', ['update_interval', 'positive integer']),
     ('adaptive:update_interval=inf', ['adaptive', 'update_interval']),
-    ('adaptive:fmt=float64', ['float64', 'bfloat16, float16, float32']),
+    ('adaptive:fmt=float64', ['float64', 'float32, float16, bfloat16, fp8_e4m3']),
     ('adaptive:max_layer_scale=0.5', ['max_layer_scale', '>= 1']),
 ])
 def test_make_loss_scaling_rejects_bad_option_values(mode, needles):
