@@ -9,6 +9,7 @@ divides them by it in FP32 (on the FP32 master copy under
 
 import chainer
 
+from ada_loss.formats import get_format
 from ada_loss.loss_scale.dynamic import DynamicLossScale
 from ada_loss.loss_scale.gemm import check_scale
 from ada_loss.scaling.modes import parse_mode
@@ -24,9 +25,15 @@ class LossScaling(object):
     Attributes:
         recovers (bool): whether a step with non-finite gradients is skipped
             and training goes on (else :class:`NonFiniteGradientError`).
+        fmt (ada_loss.formats.FloatFormat): the format the scaled gradients
+            are stored in (the precision's backward format; float16 unless
+            :func:`make_loss_scaling` is told otherwise). Its range is what
+            the method targets; ``fmt.saturates`` says whether an overflow
+            shows as ± ``fmt.u_max`` instead of Inf/NaN.
     """
 
     recovers = False
+    fmt = get_format('float16')
 
     def bind(self, model):
         """Called once with the model before training."""
