@@ -30,7 +30,9 @@ if chainer is not None:
     from ada_loss.adaptive import (  # NOQA
         AdaLossScaled, ScaleAwareBackwardError)
     from ada_loss.scaling import (  # NOQA
-        DTYPES, MODES, NonFiniteGradientError, make_loss_scaling, parse_mode,
-        resolve_dtype)
+        MODES, NonFiniteGradientError, make_loss_scaling, parse_mode,
+        resolve_precision)
+    from ada_loss.training.precision import (  # NOQA
+        PRECISIONS, apply_precision, parse_precision)
 
 __version__ = '0.1.0'

@@ -135,15 +135,15 @@ class ResNetStep(object):
     """
 
     def __init__(self, mode, batch=128, fp16_gemm='emulated', seed=0,
-                 num_classes=10):
+                 num_classes=10, precision=None):
         from ada_loss.models import build_model
-        from ada_loss.scaling import make_loss_scaling, resolve_dtype
+        from ada_loss.scaling import make_loss_scaling, resolve_precision
         from ada_loss.training import (
             Classifier, MixedPrecisionUpdater, dtype_config, setup_optimizer)
 
         self.mode = mode
         self.fp16_gemm = fp16_gemm
-        self.dtype = resolve_dtype(mode)
+        self.dtype = resolve_precision(mode, precision)
         numpy.random.seed(seed)
         with dtype_config(self.dtype):
             self.model = Classifier(build_model('resnet20', num_classes),
@@ -156,7 +156,7 @@ class ResNetStep(object):
         data = [(x[i], t[i]) for i in range(batch)]
         it = chainer.iterators.SerialIterator(data, batch, repeat=True,
                                               shuffle=False)
-        self.scaling = make_loss_scaling(mode)
+        self.scaling = make_loss_scaling(mode, self.dtype)
         # The updater binds the method to the model; adaptive prints the list
         # of converted layers then, which is not wanted in a benchmark table.
         with contextlib.redirect_stdout(io.StringIO()):

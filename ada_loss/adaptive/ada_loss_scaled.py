@@ -115,11 +115,18 @@ class AdaLossScaled(object):
                                    bound=self.bound, gain=gain,
                                    max_scale=self.max_layer_scale)
             self._betas[key] = beta
-        beta = self._betas[key]
+        return self._cap_accum(alpha, self._betas[key])
+
+    def _cap_accum(self, alpha, beta):
         if self.max_accum_scale is not None and \
                 alpha * beta > self.max_accum_scale:
             beta = round_down_pow2(self.max_accum_scale / alpha)
         return beta
+
+    #: hooks of :class:`ScaledBackprop` (``observe``, ``weight_scale``);
+    #: Algorithm 4 needs neither (the amax rule does)
+    _observe = None
+    _weight_scale = None
 
     # -- the backward pass ------------------------------------------------
     def backward(self, loss):
@@ -129,7 +136,8 @@ class AdaLossScaled(object):
         ``._loss_scale = α``: Chainer's ``UpdateRule`` divides by it in FP32.
         """
         self.iteration += 1
-        bp = ScaledBackprop(self._gemm_scale, self.fmt.u_max)
+        bp = ScaledBackprop(self._gemm_scale, self.fmt.u_max, self._observe,
+                            self._weight_scale)
         bp.run(loss, self.init_scale)
         self._records = bp.gemm_records
         new = set(bp.foreign_gemms) - self._foreign_reported

@@ -75,11 +75,19 @@ class ScaledBackprop(object):
             power of two) for a GEMM node.
         u_max (float): largest finite value of the gradient format (for
             Algorithm 5's overflow test).
+        observe (callable or None): ``observe(func, grads, scales)`` after
+            each GEMM's backward with its gradient arrays {input index:
+            array} and their scales (the amax rule keeps a history).
+        weight_scale (callable or None): ``weight_scale(func, W, x, g,
+            alpha)`` → γ ≤ 1 (a power of two): the weight and bias gradients
+            are produced at α·γ instead of α (their leaves get that scale).
     """
 
-    def __init__(self, gemm_scale, u_max):
+    def __init__(self, gemm_scale, u_max, observe=None, weight_scale=None):
         self.gemm_scale = gemm_scale
         self.u_max = u_max
+        self.observe = observe
+        self.weight_scale = weight_scale
         #: {GEMM scale_key: (α of its weight gradient, β)}
         self.gemm_records = collections.OrderedDict()
         #: labels of Chainer GEMM nodes met that are not scale-aware
@@ -177,12 +185,24 @@ class ScaledBackprop(object):
         in_scales = [alpha] * len(inputs)
         is_gemm = isinstance(func, GemmFunction)
         if is_gemm:
+            # The gradient as the GEMM stores it (its backward format): the
+            # statistics of Algorithm 4 see the stored values.
+            out_grad = (func.quantize_grad_output(out_grad[0]),) \
+                + out_grad[1:]
             beta = 1.0
             if 0 in targets:
                 beta = self.gemm_scale(func, func.gemm_weight(),
                                        out_grad[0].array, alpha)
             func.grad_input_scale = beta
             in_scales[0] = alpha * beta
+            if self.weight_scale is not None and any(
+                    i in targets for i in (1, 2)):
+                gamma = self.weight_scale(
+                    func, func.gemm_weight(), func.get_retained_inputs()[0].array,
+                    out_grad[0].array, alpha)
+                func.grad_weight_scale = gamma
+                for i in range(1, len(inputs)):
+                    in_scales[i] = alpha * gamma
             self.gemm_records[func.scale_key] = (alpha, beta)
         elif isinstance(func, FOREIGN_GEMMS):
             self.foreign_gemms.append('{} {}'.format(
@@ -202,9 +222,15 @@ class ScaledBackprop(object):
             gxs = func.backward(targets, out_grad)
         finally:
             if is_gemm:
-                func.grad_input_scale = 1
+                func.grad_input_scale = func.grad_weight_scale = 1
         for hook in hooks:
             hook.backward_postprocess(func, in_data, out_arrays)
+        if is_gemm and self.observe is not None:
+            by_input = gxs if len(gxs) == len(inputs) else dict(
+                zip(targets, gxs))
+            self.observe(func, {i: by_input[i].array for i in targets
+                                if by_input[i] is not None},
+                         in_scales)
 
         if len(gxs) == len(inputs) and len(inputs) != len(targets):
             gxs = tuple(gxs[i] for i in targets)

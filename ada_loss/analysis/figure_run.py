@@ -26,7 +26,7 @@ from ada_loss.analysis.recorder import RecordingLossScaling
 from ada_loss.scaling import AdaptiveScaling
 from ada_loss.scaling import NonFiniteGradientError
 from ada_loss.scaling import make_loss_scaling
-from ada_loss.scaling import resolve_dtype
+from ada_loss.scaling import resolve_precision
 from ada_loss.training import Classifier
 from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training import dtype_config
@@ -108,11 +108,11 @@ def run_recorded(cfg, mode):
         'iterations_done', 'diverged', 'losses'}``.
     """
     _seed(cfg['seed'])
-    dtype = resolve_dtype(mode)
+    dtype = resolve_precision(mode)
     build = _detection if cfg['task'] == 'detection' else _classification
     train, chain, optimizer = build(cfg, mode, dtype)
     iterator = chainer.iterators.SerialIterator(train, cfg['batch_size'])
-    inner = make_loss_scaling(mode)
+    inner = make_loss_scaling(mode, dtype)
     if isinstance(inner, AdaptiveScaling):
         inner.bind = functools.partial(inner.bind, verbose=False)
     scaling = RecordingLossScaling(inner, GradientRecorder(),

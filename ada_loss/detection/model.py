@@ -32,7 +32,8 @@ from chainercv.links.model.ssd import SSD300, SSD512
 
 from ada_loss.detection.normalize import make_normalize_fp32
 from ada_loss.links import as_gemm_link
-from ada_loss.training.precision import compute_dtype, dtype_config
+from ada_loss.training.precision import (
+    apply_precision, compute_dtype, dtype_config)
 
 #: ChainerCV's SSD mean (RGB, ImageNet) subtracted from input images.
 SSD_MEAN = numpy.array((123, 117, 104), numpy.float32).reshape((-1, 1, 1))
@@ -155,6 +156,7 @@ def build_ssd(name='ssd512', n_fg_class=20, dtype='float32',
             model = _MODELS[name](n_fg_class=n_fg_class,
                                   pretrained_model=pretrained_model)
     model.dtype = dtype
+    apply_precision(model, dtype)
     for path, link in model.namedlinks():
         if as_gemm_link(link):
             link.scale_key = path.lstrip('/')

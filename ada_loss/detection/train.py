@@ -36,7 +36,7 @@ from ada_loss.experiment import trainer as T
 from ada_loss.experiment.grid import mode_slug
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.scaling import parse_mode
-from ada_loss.scaling import resolve_dtype
+from ada_loss.scaling import resolve_precision
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt
 
@@ -76,7 +76,7 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
     """
     data_cfg, train_cfg, log_cfg = cfg['data'], cfg['train'], cfg['log']
     spec = parse_mode(cell.mode)
-    dtype = resolve_dtype(cell.mode)
+    dtype = resolve_precision(cell.mode)
     name = ssd_run_name(cell)
     folder = os.path.join(out_root, cfg['table'], name)
     info, resuming = T.open_run(folder, [
@@ -84,8 +84,8 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
         ('dataset', 'voc0712'), ('batchsize', cell.batchsize),
         ('mode', str(spec)), ('mode_name', spec.name),
         ('mode_options', spec.options), ('seed', cell.seed),
-        ('dtype', dtype)], cfg.get('description', ''),
-        yaml.safe_dump({'run': dict(cell._asdict(), dtype=dtype),
+        ('precision', dtype)], cfg.get('description', ''),
+        yaml.safe_dump({'run': dict(cell._asdict(), precision=dtype),
                         **{k: v for k, v in cfg.items() if k != 'grid'}},
                        sort_keys=False), resume, comm)
 
@@ -113,7 +113,7 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
     test_iter = T.make_iterator(test, train_cfg['eval_batchsize'], 0,
                                 repeat=False, shuffle=False)
 
-    scaling = make_loss_scaling(cell.mode)
+    scaling = make_loss_scaling(cell.mode, dtype)
     updater = T.make_updater(train_iter, optimizer, scaling, spec, comm,
                              os.path.join(folder, 'scaling.txt'))
 

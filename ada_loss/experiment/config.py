@@ -12,7 +12,8 @@ Validation happens before anything runs and raises :class:`ConfigError`
 naming the dotted key and what was expected: unknown keys, wrong types,
 unknown models, datasets or loss-scaling modes (each mode is parsed with
 :func:`ada_loss.scaling.parse_mode`, its options checked by building the
-method, and its dtype resolved with :func:`ada_loss.scaling.resolve_dtype`).
+method for the run's precision, and the precision resolved with
+:func:`ada_loss.scaling.resolve_precision`).
 
 The defaults are the CIFAR recipe of He et al. (2016, §4.2) that the paper
 keeps (§4.1): batch 128, momentum SGD 0.9, lr 0.1 divided by 10 at epochs 81
@@ -184,6 +185,19 @@ def _mode_field(default, doc):
     return Field(default, check, 'a loss-scaling mode', doc)
 
 
+def _precision_field(default, doc):
+    from ada_loss.training.precision import PRECISION_HELP, parse_precision
+
+    def check(value, key):
+        if value is None:
+            return None
+        try:
+            return parse_precision(value).name
+        except ValueError as e:
+            raise ConfigError(key, str(e))
+    return Field(default, check, PRECISION_HELP + ' or null', doc)
+
+
 def _scale_field(default, doc):
     def check(value, key):
         from ada_loss.scaling import parse_mode
@@ -249,9 +263,11 @@ SCHEMA = {
                               minimum=0),
     },
     'train': {
-        'dtype': string(None, 'float32 or mixed16 (null: float32 for fp32, '
-                              'mixed16 for every other mode)',
-                        choices=('float32', 'mixed16'), optional=True),
+        'precision': _precision_field(
+            None, 'which format stores what: float32, mixed16, bf16, fp8 '
+                  '(E4M3 forward, E5M2 gradients), fp8_e4m3, fp8_e5m2, or '
+                  'fwd=<format>,bwd=<format> (null: float32 for fp32, '
+                  'mixed16 for every other mode)'),
         'batchsize': integer(128, 'minibatch size (global, all ranks)',
                              minimum=1),
         'lr': number(0.1, 'initial learning rate', positive=True),
@@ -304,8 +320,10 @@ def _validate_section(schema, raw, prefix):
     out = {}
     for key in raw:
         if key not in schema:
-            raise ConfigError(prefix + str(key), 'unknown key; allowed keys '
-                              'here: {}'.format(', '.join(sorted(schema))))
+            hint = ' (train.dtype was renamed train.precision)' \
+                if prefix + str(key) == 'train.dtype' else ''
+            raise ConfigError(prefix + str(key), 'unknown key{}; allowed keys '
+                              'here: {}'.format(hint, ', '.join(sorted(schema))))
     for key, spec in schema.items():
         full = prefix + key
         if isinstance(spec, dict):
@@ -373,19 +391,18 @@ def _validate_per_model(raw, key):
 
 
 def _check_modes(cfg):
-    """Every mode of the grid builds, with every dtype it will run in."""
-    from ada_loss.scaling import make_loss_scaling, resolve_dtype
-    dtypes = {cfg['train']['dtype']}
+    """Every mode of the grid builds, in every precision it will run in."""
+    from ada_loss.scaling import make_loss_scaling, resolve_precision
+    precisions = {cfg['train']['precision']}
     for partial in cfg['per_model'].values():
-        if 'dtype' in partial.get('train', {}):
-            dtypes.add(partial['train']['dtype'])
+        if 'precision' in partial.get('train', {}):
+            precisions.add(partial['train']['precision'])
     for i, mode in enumerate(grid_modes(cfg)):
         key = 'grid.modes' if i < len(cfg['grid']['modes']) \
             else 'grid.fixed_scales'
         try:
-            make_loss_scaling(mode)
-            for dtype in dtypes:
-                resolve_dtype(mode, dtype)
+            for precision in precisions:
+                make_loss_scaling(mode, resolve_precision(mode, precision))
         except ValueError as e:
             raise ConfigError(key, 'mode {}: {}'.format(mode, e))
     if not grid_modes(cfg):

@@ -29,7 +29,7 @@ from ada_loss.experiment import trainer as TR
 from ada_loss.experiment.grid import Cell, mode_sort_key, run_name
 from ada_loss.experiment.run import build_optimizer
 from ada_loss.models import build_model
-from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_dtype
+from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt
@@ -124,15 +124,15 @@ def run_imagenet(cfg, cell, out_root, resume=False, comm=None):
     """Trains one cell (model, 'imagenet', mode, seed); returns run.json."""
     data_cfg, train_cfg, log_cfg = cfg['data'], cfg['train'], cfg['log']
     spec = parse_mode(cell.mode)
-    dtype = resolve_dtype(cell.mode)
+    dtype = resolve_precision(cell.mode)
     folder = os.path.join(out_root, cfg['table'], run_name(cell))
     info, resuming = TR.open_run(folder, [
         ('name', run_name(cell)), ('table', cfg['table']),
         ('model', cell.model), ('dataset', 'imagenet'), ('mode', str(spec)),
         ('mode_name', spec.name), ('mode_options', spec.options),
-        ('seed', cell.seed), ('dtype', dtype)], cfg['description'],
+        ('seed', cell.seed), ('precision', dtype)], cfg['description'],
         C.dump_config(dict(
-            {'run': dict(cell._asdict(), dtype=dtype)},
+            {'run': dict(cell._asdict(), precision=dtype)},
             **{k: v for k, v in cfg.items() if k != 'grid'})), resume, comm)
 
     random.seed(cell.seed)
@@ -158,7 +158,7 @@ def run_imagenet(cfg, cell, out_root, resume=False, comm=None):
                                  data_cfg['loaderjobs'], repeat=False,
                                  shuffle=False)
 
-    scaling = make_loss_scaling(cell.mode)
+    scaling = make_loss_scaling(cell.mode, dtype)
     updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm)
     stop = StopAt(epochs=train_cfg['epochs'],
                   iterations=train_cfg['max_iterations'])

@@ -1,6 +1,6 @@
 """One training run of a table cell on Chainer's Trainer (paper §4.1).
 
-:func:`run_one` builds the model in the run's dtype (float32 for ``fp32``,
+:func:`run_one` builds the model in the run's precision (float32 for ``fp32``,
 mixed16 otherwise), MomentumSGD with FP32 master weights and a per-parameter
 weight-decay hook (it runs inside the update rule, after the gradient is
 unscaled in FP32), the loss-scaling method of the mode, and a Trainer with:
@@ -30,7 +30,7 @@ from ada_loss.experiment import trainer as T
 from ada_loss.experiment.data import dataset_info, load_datasets
 from ada_loss.experiment.grid import run_name
 from ada_loss.experiment.models import build
-from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_dtype
+from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config, setup_optimizer
 from ada_loss.training import extensions as AE
 from ada_loss.training.hooks import add_weight_decay
@@ -60,15 +60,16 @@ def run_folder(out_root, cfg, cell):
 def run_config(cfg, cell):
     """The resolved config of one run (what ``config.yaml`` holds)."""
     c = C.config_for_model(cfg, cell.model)
-    dtype = resolve_dtype(cell.mode, c['train']['dtype'])
+    precision = resolve_precision(cell.mode, c['train']['precision'])
     out = {'run': {'model': cell.model, 'dataset': cell.dataset,
-                   'mode': cell.mode, 'seed': cell.seed, 'dtype': dtype}}
+                   'mode': cell.mode, 'seed': cell.seed,
+                   'precision': precision}}
     out.update((k, v) for k, v in c.items()
                if k not in ('grid', 'per_model'))
     return out
 
 
-def build_optimizer(model, dtype, train_cfg, comm=None):
+def build_optimizer(model, precision, train_cfg, comm=None):
     """MomentumSGD (+ ChainerMN wrapper) with FP32 master weights for
     mixed16 and weight decay as a hook of every parameter's update rule:
     there it sees the gradient after the FP32 unscaling (an optimizer-level
@@ -80,7 +81,7 @@ def build_optimizer(model, dtype, train_cfg, comm=None):
     if comm is not None:
         from ada_loss.training.distributed import create_multi_node_optimizer
         opt = create_multi_node_optimizer(opt, comm)
-    setup_optimizer(opt, model, dtype)
+    setup_optimizer(opt, model, precision)
     if train_cfg['weight_decay'] > 0:
         add_weight_decay(model, train_cfg['weight_decay'])
     return opt
@@ -164,7 +165,7 @@ def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
     """
     rcfg = run_config(cfg, cell)
     train_cfg = rcfg['train']
-    dtype = rcfg['run']['dtype']
+    precision = rcfg['run']['precision']
     spec = parse_mode(cell.mode)
     folder = run_folder(out_root, cfg, cell)
     writer = T.is_writer(comm)
@@ -172,7 +173,7 @@ def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
         ('name', run_name(cell)), ('table', cfg['table']),
         ('model', cell.model), ('dataset', cell.dataset), ('mode', str(spec)),
         ('mode_name', spec.name), ('mode_options', spec.options),
-        ('seed', cell.seed), ('dtype', dtype)], cfg['description'],
+        ('seed', cell.seed), ('precision', precision)], cfg['description'],
         C.dump_config(rcfg), resume, comm)
     if comm is not None:
         comm.mpi_comm.Barrier()
@@ -182,11 +183,11 @@ def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
     train, test = datasets or load_datasets(cell.dataset, rcfg['data'])
     num_classes, in_channels = dataset_info(cell.dataset)
     mcfg = rcfg['model']
-    with dtype_config(dtype):
+    with dtype_config(precision):
         model = Classifier(build(
             cell.model, num_classes, mcfg['in_channels'] or in_channels,
-            mcfg['width'], mcfg['shortcut']), dtype)
-    optimizer = build_optimizer(model, dtype, train_cfg, comm)
+            mcfg['width'], mcfg['shortcut']), precision)
+    optimizer = build_optimizer(model, precision, train_cfg, comm)
 
     train, test, batchsize = T.scatter(train, test, train_cfg['batchsize'],
                                        comm, cell.seed, 'train.batchsize')
@@ -194,7 +195,7 @@ def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
     test_iter = chainer.iterators.SerialIterator(
         test, train_cfg['eval_batchsize'], repeat=False, shuffle=False)
 
-    scaling = make_loss_scaling(cell.mode)
+    scaling = make_loss_scaling(cell.mode, precision)
     updater = T.make_updater(train_iter, optimizer, scaling, spec, comm,
                              os.path.join(folder, 'scaling.txt'))
 

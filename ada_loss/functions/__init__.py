@@ -6,7 +6,8 @@ NumPy arrays they compute with FP32 accumulation (see
 :mod:`ada_loss.functions.fp16_gemm`), and their backward honours a layer-wise
 loss scale β for the input gradient (Algorithm 3).
 """
-from ada_loss.functions.gemm import GemmFunction, gemm_function_types  # NOQA
+from ada_loss.functions.gemm import (  # NOQA
+    GemmFunction, Quantize, gemm_function_types, quantize)
 from ada_loss.functions.linear import LinearFunction, linear  # NOQA
 from ada_loss.functions.convolution_2d import (  # NOQA
     Convolution2DFunction, convolution_2d)

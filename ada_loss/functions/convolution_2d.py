@@ -28,20 +28,26 @@ class Convolution2DFunction(GemmFunction, FP16Emulation,
             outsize=x.shape[2:], dilate=(self.dy, self.dx),
             groups=self.groups)
         f.output_scale = scale
+        f.out_format = self.grad_format
         gx, = f.apply((gy, W))
         return gx
 
-    def grad_weight(self, x, W, gy):
-        gW, = Convolution2DGradW(self, W.shape, W.dtype, W.layout).apply(
-            (x, gy))
+    def grad_weight(self, x, W, gy, scale=1):
+        f = Convolution2DGradW(self, W.shape, W.dtype, W.layout)
+        f.output_scale, f.scaled_input = scale, 1   # inputs (x, gy)
+        f.out_format = self.grad_format
+        gW, = f.apply((x, gy))
         return gW
 
 
 def convolution_2d(x, W, b=None, stride=1, pad=0, cover_all=False,
-                   dilate=1, groups=1, scale_key=None):
+                   dilate=1, groups=1, scale_key=None, formats=None):
     """Same as :func:`chainer.functions.convolution_2d`."""
     func = Convolution2DFunction(stride, pad, cover_all, dilate=dilate,
                                  groups=groups)
     func.scale_key = scale_key
+    if formats is not None:
+        func.formats = formats
+        func.out_format = formats[0]
     y, = func.apply((x, W) if b is None else (x, W, b))
     return y

@@ -20,22 +20,28 @@ class Deconvolution2DFunction(GemmFunction, FP16Emulation,
             cover_all=self.cover_all, dilate=(self.dy, self.dx),
             groups=self.groups)
         f.output_scale = scale
+        f.out_format = self.grad_format
         gx, = f.apply((gy, W))
         return gx
 
-    def grad_weight(self, x, W, gy):
+    def grad_weight(self, x, W, gy, scale=1):
         if self.cover_all is None:
             self._set_cover_all(x.shape, W.shape)
-        gW, = Convolution2DGradW(self, W.shape, W.dtype, W.layout).apply(
-            (gy, x))
+        f = Convolution2DGradW(self, W.shape, W.dtype, W.layout)
+        f.output_scale, f.scaled_input = scale, 0   # inputs (gy, x)
+        f.out_format = self.grad_format
+        gW, = f.apply((gy, x))
         return gW
 
 
 def deconvolution_2d(x, W, b=None, stride=1, pad=0, outsize=None, dilate=1,
-                     groups=1, scale_key=None):
+                     groups=1, scale_key=None, formats=None):
     """Same as :func:`chainer.functions.deconvolution_2d`."""
     func = Deconvolution2DFunction(stride, pad, outsize, dilate=dilate,
                                    groups=groups)
     func.scale_key = scale_key
+    if formats is not None:
+        func.formats = formats
+        func.out_format = formats[0]
     y, = func.apply((x, W) if b is None else (x, W, b))
     return y

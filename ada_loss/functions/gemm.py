@@ -4,7 +4,9 @@ Two mixins over Chainer's own GEMM kernels (so no convolution is re-implemented
 here):
 
 * :class:`FP16Emulation` runs a node's forward in FP32 on widened FP16 inputs
-  and rounds the result to FP16 (the tensor-core numerics), and applies an
+  and rounds the result to FP16 (the tensor-core numerics); on float32 arrays
+  with an ``out_format`` (an emulated precision: bfloat16, FP8, any e<E>m<M>)
+  it rounds the FP32 result to that format instead; and it applies an
   ``output_scale`` (a power of two) that a layer-wise loss scale needs.
 * :class:`GemmFunction` marks the forward GEMM of a layer: it knows its weight,
   and its backward computes the input gradient scaled by ``grad_input_scale``
@@ -34,8 +36,18 @@ class FP16Emulation(object):
 
     output_scale = 1
     scaled_input = 0
+    #: FloatFormat the FP32 result is rounded to (emulated precisions), or None
+    out_format = None
 
     def forward(self, inputs):
+        if self.out_format is not None and inputs[0].dtype == numpy.float32:
+            # Emulated format: FP32 storage, FP32 accumulation (inputs were
+            # rounded to the format by the caller), one rounding of the
+            # scaled accumulator to the format: what hardware with FP32
+            # accumulators stores.
+            ys = super(FP16Emulation, self).forward(inputs)
+            return tuple(round_to_format(y, self.out_format,
+                                         self.output_scale) for y in ys)
         if emulates_fp16_gemm(inputs):
             wide = tuple(None if a is None else widen(a) for a in inputs)
             ys = super(FP16Emulation, self).forward(wide)
@@ -56,19 +68,56 @@ class FP16Emulation(object):
         return super(FP16Emulation, self).forward(inputs)
 
 
-class BiasGrad(function_node.FunctionNode):
-    """Bias gradient: ``gy`` summed over ``axis``, accumulated in FP32."""
+def round_to_format(y, fmt, scale=1):
+    """``scale · y`` (FP32, a power of two: exact) rounded to ``fmt``."""
+    if scale != 1:
+        y = y * numpy.float32(scale)
+    return fmt.quantize(y)
 
-    def __init__(self, axis):
+
+class Quantize(function_node.FunctionNode):
+    """Rounds a float32 array to a format (FP32 storage); the backward passes
+    the gradient through unchanged, as a cast does: the gradient with respect
+    to a stored low-precision copy is the gradient of its FP32 source."""
+
+    def __init__(self, fmt):
+        self.fmt = fmt
+
+    def forward(self, inputs):
+        x, = inputs
+        return self.fmt.quantize(x),
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs
+
+
+def quantize(x, fmt):
+    """``x`` rounded to ``fmt`` (a no-op for None or a float32 format)."""
+    if fmt is None or fmt.is_float32 or x is None:
+        return x
+    return Quantize(fmt).apply((x,))[0]
+
+
+class BiasGrad(function_node.FunctionNode):
+    """Bias gradient: ``gy`` summed over ``axis``, accumulated in FP32, then
+    rounded to ``out_format`` if one is given (emulated precisions)."""
+
+    def __init__(self, axis, out_format=None, scale=1):
         self.axis = axis
+        self.out_format = out_format
+        self.scale = scale
 
     def forward(self, inputs):
         gy, = inputs
         self._shape = gy.shape
+        if self.out_format is not None and gy.dtype == numpy.float32:
+            return round_to_format(chainer.utils.force_array(
+                gy.sum(axis=self.axis)), self.out_format, self.scale),
         if gy.dtype == numpy.float16:
-            return gy.sum(axis=self.axis, dtype=numpy.float32).astype(
-                gy.dtype),
-        return gy.sum(axis=self.axis),
+            return round_to(gy.sum(axis=self.axis, dtype=numpy.float32),
+                            gy.dtype, self.scale),
+        s = gy.sum(axis=self.axis)
+        return s if self.scale == 1 else s * s.dtype.type(self.scale),
 
     def backward(self, indexes, grad_outputs):
         ggb, = grad_outputs
@@ -78,8 +127,8 @@ class BiasGrad(function_node.FunctionNode):
             ggb.reshape(shape), self._shape),
 
 
-def bias_grad(gy, axis):
-    return BiasGrad(axis).apply((gy,))[0]
+def bias_grad(gy, axis, out_format=None, scale=1):
+    return BiasGrad(axis, out_format, scale).apply((gy,))[0]
 
 
 class GemmFunction(object):
@@ -94,6 +143,29 @@ class GemmFunction(object):
 
     scale_key = None
     grad_input_scale = 1
+    #: γ ≤ 1 of the weight and bias gradients (a power of two; the amax
+    #: rule lowers it where they would overflow), set like grad_input_scale
+    grad_weight_scale = 1
+    #: (forward format, backward format) of an emulated precision, or None.
+    #: The caller rounds x, W, b to the forward format; this node rounds its
+    #: output to it, and in the backward rounds the incoming gradient and
+    #: every gradient it produces to the backward format.
+    formats = None
+
+    @property
+    def grad_format(self):
+        return None if self.formats is None else self.formats[1]
+
+    def quantize_grad_output(self, gy):
+        """The incoming gradient as stored in the backward format (a
+        Variable; the same one when there is nothing to round)."""
+        fmt = self.grad_format
+        if fmt is None or fmt.is_float32 or gy is None or getattr(
+                gy, '_ada_quantized', None) is fmt:
+            return gy
+        q = chainer.Variable(fmt.quantize(gy.array), requires_grad=False)
+        q._ada_quantized = fmt   # idempotent: not rounded twice
+        return q
 
     #: axes of W the input-gradient GEMM sums over (see grad_input_gain)
     grad_input_axes = None
@@ -107,16 +179,24 @@ class GemmFunction(object):
         backward: max|gx| ≤ max|gy| · gain (the ``'output'`` bound)."""
         return grad_input_gain(W, self.grad_input_axes)
 
+    def grad_weight_gain(self, x, gy):
+        """A factor with max|gW|, max|gb| ≤ max|gy| · gain: the largest
+        Σ|x| over the axes the weight-gradient GEMM sums (batch and space),
+        or the number of terms of the bias sum."""
+        axes = (0,) if x.ndim == 2 else (0, 2, 3)
+        return max(grad_input_gain(x, axes), gy.size // gy.shape[1])
+
     def backward(self, indexes, grad_outputs):
         x, W = self.get_retained_inputs()
-        gy, = grad_outputs
+        gy = self.quantize_grad_output(grad_outputs[0])
         ret = []
         if 0 in indexes:
             ret.append(self.grad_input(x, W, gy, self.grad_input_scale))
         if 1 in indexes:
-            ret.append(self.grad_weight(x, W, gy))
+            ret.append(self.grad_weight(x, W, gy, self.grad_weight_scale))
         if 2 in indexes:
-            ret.append(bias_grad(gy, self.bias_axis))
+            ret.append(bias_grad(gy, self.bias_axis, self.grad_format,
+                                 self.grad_weight_scale))
         return ret
 
 

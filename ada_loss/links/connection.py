@@ -10,6 +10,19 @@ class _GemmLink(object):
     #: Path of the layer in its model (e.g. ``'res2/0/conv1'``); names the
     #: layer's loss scale. Set by :class:`ada_loss.AdaLossScaled`.
     scale_key = None
+    #: (forward format, backward format) of an emulated precision, or None
+    #: (float32, mixed16). Set by
+    #: :func:`ada_loss.training.precision.apply_precision`.
+    gemm_formats = None
+
+    def _gemm_inputs(self, x):
+        """x, W, b as the GEMM stores them: rounded to the forward format
+        (the FP32 parameters are the master copies; the rounding passes
+        gradients through unchanged)."""
+        fmt = None if self.gemm_formats is None else self.gemm_formats[0]
+        b = getattr(self, 'b', None)
+        return (functions.quantize(x, fmt), functions.quantize(self.W, fmt),
+                functions.quantize(b, fmt))
 
 
 class Linear(_GemmLink, L.Linear):
@@ -19,8 +32,10 @@ class Linear(_GemmLink, L.Linear):
         if self.W.array is None:
             self._initialize_params(
                 utils.size_of_shape(x.shape[n_batch_axes:]))
-        return functions.linear(x, self.W, self.b, n_batch_axes=n_batch_axes,
-                                scale_key=self.scale_key)
+        x, W, b = self._gemm_inputs(x)
+        return functions.linear(x, W, b, n_batch_axes=n_batch_axes,
+                                scale_key=self.scale_key,
+                                formats=self.gemm_formats)
 
 
 class Convolution2D(_GemmLink, L.Convolution2D):
@@ -32,9 +47,11 @@ class Convolution2D(_GemmLink, L.Convolution2D):
             _, c, _, _ = memory_layouts.get_semantic_shape(
                 x, assumed_layout=self.x_layout)
             self._initialize_params(c)
+        x, W, b = self._gemm_inputs(x)
         return functions.convolution_2d(
-            x, self.W, self.b, self.stride, self.pad, dilate=self.dilate,
-            groups=self.groups, scale_key=self.scale_key)
+            x, W, b, self.stride, self.pad, dilate=self.dilate,
+            groups=self.groups, scale_key=self.scale_key,
+            formats=self.gemm_formats)
 
 
 class DilatedConvolution2D(_GemmLink, L.DilatedConvolution2D):
@@ -44,9 +61,10 @@ class DilatedConvolution2D(_GemmLink, L.DilatedConvolution2D):
     def forward(self, x):
         if self.W.array is None:
             self._initialize_params(x.shape[1])
+        x, W, b = self._gemm_inputs(x)
         return functions.convolution_2d(
-            x, self.W, self.b, self.stride, self.pad, dilate=self.dilate,
-            scale_key=self.scale_key)
+            x, W, b, self.stride, self.pad, dilate=self.dilate,
+            scale_key=self.scale_key, formats=self.gemm_formats)
 
 
 class Deconvolution2D(_GemmLink, L.Deconvolution2D):
@@ -56,9 +74,11 @@ class Deconvolution2D(_GemmLink, L.Deconvolution2D):
     def forward(self, x):
         if self.W.array is None:
             self._initialize_params(x.shape[1])
+        x, W, b = self._gemm_inputs(x)
         return functions.deconvolution_2d(
-            x, self.W, self.b, self.stride, self.pad, self.outsize,
-            dilate=self.dilate, groups=self.groups, scale_key=self.scale_key)
+            x, W, b, self.stride, self.pad, self.outsize,
+            dilate=self.dilate, groups=self.groups, scale_key=self.scale_key,
+            formats=self.gemm_formats)
 
 
 #: Chainer GEMM link type -> its ada_loss counterpart.

@@ -1,8 +1,8 @@
 """Loss-scaling methods, selected by one setting (a *mode* string).
 
 =================  ========================================================
-``fp32``           no mixed precision at all (dtype float32), no scaling
-``none``           mixed precision without loss scaling
+``fp32``           no mixed precision at all (precision float32), no scaling
+``none``           low precision without loss scaling
 ``fixed:S``        static loss scale S > 0 (power of two for exactness)
 ``dynamic[:k=v]``  backoff dynamic scaling; keys ``init_scale``,
                    ``growth_factor``, ``backoff_factor``, ``growth_interval``
@@ -10,10 +10,15 @@
                    ``init_scale``, ``t_uf``, ``update_interval``, ``fmt``,
                    ``bound``, ``max_layer_scale``,
                    ``max_accum_scale``
+``amax[:k=v]``     max-based layer-wise scaling; keys ``init_scale``,
+                   ``margin``, ``history``, ``fmt``, ``max_accum_scale``
 =================  ========================================================
+
+Every method targets the range of the gradient format of the run's precision
+(:func:`make_loss_scaling` ``(mode, precision)``).
 """
 from ada_loss.scaling.modes import (  # NOQA
-    DTYPES, MODES, LossScalingSpec, check_dtype, parse_mode, resolve_dtype)
+    MODES, LossScalingSpec, parse_mode, resolve_precision)
 from ada_loss.scaling.methods import (  # NOQA
-    AdaptiveScaling, DynamicScaling, FixedScaling, LossScaling, NoScaling,
+    AdaptiveScaling, AmaxScaling, DynamicScaling, FixedScaling, LossScaling, NoScaling,
     NonFiniteGradientError, make_loss_scaling)

@@ -103,29 +103,46 @@ class DynamicScaling(LossScaling):
 
 class AdaptiveScaling(LossScaling):
     """``adaptive``: layer-wise adaptive loss scaling (the paper); options
-    as :class:`ada_loss.AdaLossScaled`."""
+    as :class:`ada_loss.AdaLossScaled`. ``fmt`` defaults to the precision's
+    gradient format."""
 
     recovers = True
+    _impl = 'AdaLossScaled'
 
     def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
-                 fmt='float16', bound='output', max_layer_scale=None,
+                 fmt=None, bound='output', max_layer_scale=None,
                  max_accum_scale=None):
-        self.options = dict(
+        self._init(dict(
             init_scale=init_scale, t_uf=t_uf, update_interval=update_interval,
-            fmt=fmt, bound=bound,
-            max_layer_scale=max_layer_scale, max_accum_scale=max_accum_scale)
+            fmt=fmt, bound=bound, max_layer_scale=max_layer_scale,
+            max_accum_scale=max_accum_scale))
+
+    def _init(self, options):
+        self.options = options
         self.ada = None
+        if options.get('fmt') is not None:
+            self.fmt = get_format(options['fmt'])
         # Validate now, before any model exists (bad input stops early).
-        from ada_loss.adaptive import AdaLossScaled
-        AdaLossScaled(chainer.Chain(), verbose=False, **self.options)
+        self._build(chainer.Chain(), verbose=False)
+
+    def _build(self, model, verbose):
+        from ada_loss import adaptive
+        options = dict(self.options, fmt=self.fmt)
+        return getattr(adaptive, self._impl)(model, verbose=verbose,
+                                             **options)
+
+    def set_format(self, fmt):
+        """Targets ``fmt`` unless the mode named a format itself."""
+        if self.options.get('fmt') is None:
+            self.fmt = get_format(fmt)
 
     def bind(self, model, verbose=True):
-        from ada_loss.adaptive import AdaLossScaled
-        self.ada = AdaLossScaled(model, verbose=verbose, **self.options)
+        self.ada = self._build(model, verbose)
 
     def backward(self, loss):
         if self.ada is None:
-            raise RuntimeError('AdaptiveScaling.bind(model) was not called')
+            raise RuntimeError('{}.bind(model) was not called'.format(
+                type(self).__name__))
         self.ada.backward(loss)
 
     def loss_scales(self):
@@ -140,17 +157,56 @@ class AdaptiveScaling(LossScaling):
             self.ada.serialize(serializer)
 
 
-def make_loss_scaling(mode):
-    """The :class:`LossScaling` of a mode string (see :func:`parse_mode`)."""
+class AmaxScaling(AdaptiveScaling):
+    """``amax``: max-based layer-wise scaling on the same ⟨α, δ⟩ backward
+    (:class:`ada_loss.adaptive.AmaxLossScaled`): β of each GEMM maps the
+    largest magnitude of its input gradient over the last ``history`` steps
+    to u_max / 2^margin."""
+
+    _impl = 'AmaxLossScaled'
+
+    def __init__(self, init_scale=1.0, margin=8, history=16, fmt=None,
+                 max_accum_scale=2.0 ** 24):
+        self._init(dict(init_scale=init_scale, margin=margin,
+                        history=history, fmt=fmt,
+                        max_accum_scale=max_accum_scale))
+
+
+def make_loss_scaling(mode, precision=None):
+    """The :class:`LossScaling` of a mode string (see :func:`parse_mode`),
+    targeting the gradient format of ``precision`` (default: float16, as in
+    mixed16; see :mod:`ada_loss.training.precision`).
+
+    Raises:
+        ValueError: a bad mode or option, or a fixed scale that is not
+            below the gradient format's largest value.
+    """
     spec = parse_mode(mode)
+    fmt = get_format('float16')
+    if precision is not None:
+        from ada_loss.training.precision import parse_precision
+        fmt = parse_precision(precision).grad_format
     if spec.name in ('fp32', 'none'):
-        return NoScaling()
-    if spec.name == 'fixed':
-        return FixedScaling(spec.options['scale'])
-    cls = DynamicScaling if spec.name == 'dynamic' else AdaptiveScaling
-    try:
-        return cls(**spec.options)
-    except (TypeError, ValueError, OverflowError) as e:
-        # e.g. a string where a number is needed, int(inf) for an interval
-        # (OverflowError), an out-of-range value (the option's own message)
-        raise ValueError('bad options for mode {}: {}'.format(spec, e))
+        method = NoScaling()
+    elif spec.name == 'fixed':
+        if not spec.options['scale'] < fmt.u_max:
+            raise ValueError(
+                'fixed loss scale {:g} is not below the largest value {:g} '
+                'of the gradient format {}: the scaled loss gradient itself '
+                'would overflow'.format(spec.options['scale'], fmt.u_max,
+                                        fmt))
+        method = FixedScaling(spec.options['scale'])
+    else:
+        cls = {'dynamic': DynamicScaling, 'adaptive': AdaptiveScaling,
+               'amax': AmaxScaling}[spec.name]
+        try:
+            method = cls(**spec.options)
+            if isinstance(method, AdaptiveScaling):
+                method.set_format(fmt)
+        except (TypeError, ValueError, OverflowError) as e:
+            # e.g. a string where a number is needed, int(inf) for an
+            # interval (OverflowError), an out-of-range value
+            raise ValueError('bad options for mode {}: {}'.format(spec, e))
+    if not isinstance(method, AdaptiveScaling):
+        method.fmt = fmt
+    return method

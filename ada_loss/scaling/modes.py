@@ -1,13 +1,14 @@
-"""Parsing and validation of the loss-scaling mode and the dtype."""
+"""Parsing and validation of the loss-scaling mode (and the precision it
+runs in)."""
 import collections
 import inspect
 import math
 
-MODES = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive')
-DTYPES = ('float32', 'mixed16')
+MODES = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive', 'amax')
 
 _MODE_HELP = ('fp32, none, fixed:S (S a positive number, e.g. fixed:128), '
-              'dynamic[:key=value,...], adaptive[:key=value,...]')
+              'dynamic[:key=value,...], adaptive[:key=value,...], '
+              'amax[:key=value,...]')
 
 
 class LossScalingSpec(collections.namedtuple('LossScalingSpec',
@@ -49,7 +50,8 @@ def _parse_value(text):
 def _allowed_options(name):
     from ada_loss.scaling import methods
     cls = {'dynamic': methods.DynamicScaling,
-           'adaptive': methods.AdaptiveScaling}[name]
+           'adaptive': methods.AdaptiveScaling,
+           'amax': methods.AmaxScaling}[name]
     sig = inspect.signature(cls.__init__)
     return [p for p in sig.parameters if p != 'self']
 
@@ -97,25 +99,21 @@ def parse_mode(spec):
     return LossScalingSpec(name, options)
 
 
-def check_dtype(dtype):
-    if dtype not in DTYPES:
-        raise ValueError('unknown dtype {!r}; expected one of: {}'
-                         .format(dtype, ', '.join(DTYPES)))
-    return dtype
+def resolve_precision(mode, precision=None):
+    """The precision a run uses (its canonical name): ``fp32`` implies
+    float32, other modes default to mixed16.
 
-
-def resolve_dtype(mode, dtype=None):
-    """The dtype a run uses: ``fp32`` implies float32, others mixed16.
-
-    An explicit ``dtype`` is allowed for every mode but ``fp32`` (which
-    *is* float32): e.g. ``fixed:S`` or ``adaptive`` in float32 for tests.
+    An explicit ``precision`` (see :mod:`ada_loss.training.precision`) is
+    allowed for every mode but ``fp32`` (which *is* float32): e.g.
+    ``adaptive`` in ``fp8``, or ``fixed:S`` in float32 for tests.
     """
+    from ada_loss.training.precision import parse_precision
     spec = parse_mode(mode)
-    if dtype is None:
+    if precision is None:
         return 'float32' if spec.name == 'fp32' else 'mixed16'
-    check_dtype(dtype)
-    if spec.name == 'fp32' and dtype != 'float32':
+    name = parse_precision(precision).name
+    if spec.name == 'fp32' and name != 'float32':
         raise ValueError('mode fp32 means no mixed precision; it cannot run '
-                         'with dtype {!r} (use mode none for mixed16 without '
-                         'loss scaling)'.format(dtype))
-    return dtype
+                         'with precision {!r} (use mode none for low '
+                         'precision without loss scaling)'.format(precision))
+    return name

@@ -3,28 +3,36 @@ import chainer
 import chainer.functions as F
 import numpy
 
-from ada_loss.training.precision import compute_dtype, dtype_config
+from ada_loss.training.precision import (
+    apply_precision, compute_dtype, dtype_config, parse_precision)
 
 
 class Classifier(chainer.Chain):
-    """Like :class:`chainer.links.Classifier`, for float32 or mixed16.
+    """Like :class:`chainer.links.Classifier`, in any precision
+    (:mod:`ada_loss.training.precision`).
 
     The input is cast to the compute dtype (FP16 in mixed16), the predictor
-    runs under the dtype's config, and the logits are cast to FP32 before the
-    softmax cross entropy (MPT computes reductions such as the loss in FP32).
-    The gradient entering the network is therefore cast back to FP16: where a
-    loss scale is needed.
+    runs under the precision's dtype config, and the logits are cast to FP32
+    before the softmax cross entropy (MPT computes reductions such as the
+    loss in FP32). The gradient entering the network is therefore cast back
+    to FP16: where a loss scale is needed. In an emulated precision the
+    predictor's GEMM links round to its formats (:func:`apply_precision`).
     """
 
-    def __init__(self, predictor, dtype='float32'):
+    def __init__(self, predictor, precision='float32'):
         super(Classifier, self).__init__()
-        self.dtype = dtype
-        self._xdtype = compute_dtype(dtype)
+        self.precision = parse_precision(precision).name
+        self._xdtype = compute_dtype(precision)
+        apply_precision(predictor, precision)
         with self.init_scope():
             self.predictor = predictor
 
+    @property
+    def dtype(self):
+        return self.precision
+
     def forward(self, x, t):
-        with dtype_config(self.dtype):
+        with dtype_config(self.precision):
             if x.dtype != self._xdtype:
                 x = F.cast(x, self._xdtype)
             y = self.predictor(x)

@@ -14,7 +14,7 @@ from ada_loss.detection import (
     FP32Normalize, MultiboxTrainChain, SSDTrainTransform, build_ssd,
     evaluate_detection, setup_ssd_optimizer)
 from ada_loss.links import GEMM_LINK_TYPES
-from ada_loss.scaling import make_loss_scaling, resolve_dtype
+from ada_loss.scaling import make_loss_scaling, resolve_precision
 from ada_loss.training import MixedPrecisionUpdater, all_grads_finite
 
 MODES = ('fp32', 'none', 'fixed:128', 'dynamic', 'adaptive')
@@ -61,7 +61,7 @@ def test_build_ssd512_mixed16():
 def _one_iteration(model_name, mode, voc_root, batch_size=1, seed=0):
     random.seed(seed)
     numpy.random.seed(seed)
-    dtype = resolve_dtype(mode)
+    dtype = resolve_precision(mode)
     model = build_ssd(model_name, 20, dtype)
     chain = MultiboxTrainChain(model)
     train = chainer.datasets.TransformDataset(

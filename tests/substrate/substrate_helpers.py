@@ -10,7 +10,7 @@ import chainer.functions as F
 from ada_loss import links as AL
 from ada_loss.datasets import get_digits
 from ada_loss.models import SmallCNN
-from ada_loss.scaling import make_loss_scaling, resolve_dtype
+from ada_loss.scaling import make_loss_scaling, resolve_precision
 from ada_loss.training import (
     Classifier, MixedPrecisionUpdater, dtype_config, setup_optimizer)
 
@@ -51,8 +51,8 @@ def build(mode, predictor_fn, dtype=None, optimizer=None, batch=16,
 
     Returns (updater, model, scaling, dataset).
     """
-    dtype = resolve_dtype(mode, dtype)
-    scaling = make_loss_scaling(mode)
+    dtype = resolve_precision(mode, dtype)
+    scaling = make_loss_scaling(mode, dtype)
     numpy.random.seed(seed)
     with dtype_config(dtype):
         model = Classifier(predictor_fn(), dtype)

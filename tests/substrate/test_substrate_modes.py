@@ -9,9 +9,9 @@ import pytest
 
 import ada_loss
 from ada_loss.scaling import (
-    AdaptiveScaling, DTYPES, DynamicScaling, FixedScaling, MODES, NoScaling,
-    LossScalingSpec, check_dtype, make_loss_scaling, parse_mode,
-    resolve_dtype)
+    AdaptiveScaling, DynamicScaling, FixedScaling, MODES, NoScaling,
+    LossScalingSpec, make_loss_scaling, parse_mode, resolve_precision)
+from ada_loss.training.precision import PRECISIONS, parse_precision
 
 import substrate_helpers as H
 
@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 # ------------------------------------------------ valid modes
 
 def test_public_names():
-    assert MODES == ('fp32', 'none', 'fixed', 'dynamic', 'adaptive')
-    assert DTYPES == ('float32', 'mixed16')
+    assert MODES == ('fp32', 'none', 'fixed', 'dynamic', 'adaptive', 'amax')
+    assert PRECISIONS[:2] == ('float32', 'mixed16')
     assert ada_loss.parse_mode is parse_mode
     assert ada_loss.make_loss_scaling is make_loss_scaling
 
@@ -99,8 +99,8 @@ def test_dynamic_options_reach_the_state():
     ('fixed:8', 'float32', 'float32'),
     ('adaptive', 'mixed16', 'mixed16'),
 ])
-def test_resolve_dtype(mode, dtype, want):
-    assert resolve_dtype(mode, dtype) == want
+def test_resolve_precision(mode, dtype, want):
+    assert resolve_precision(mode, dtype) == want
 
 
 # ------------------------------------------------ bad input
@@ -165,18 +165,19 @@ def test_make_loss_scaling_rejects_bad_option_values(mode, needles):
 
 
 @pytest.mark.parametrize('dtype', ['float64', 'float16', 'fp16', 'mixed',
-                                   None])
-def test_unknown_dtype(dtype):
-    with pytest.raises(ValueError, match='float32, mixed16'):
-        check_dtype(dtype)
+                                   None, 'fwd=e9m2,bwd=float16',
+                                   'fwd=float16'])
+def test_unknown_precision(dtype):
+    with pytest.raises(ValueError, match='float32, mixed16|accepted'):
+        parse_precision(dtype)
     if dtype is not None:
-        with pytest.raises(ValueError, match='float32, mixed16'):
-            resolve_dtype('fixed:8', dtype)
+        with pytest.raises(ValueError, match='float32, mixed16|accepted'):
+            resolve_precision('fixed:8', dtype)
 
 
 def test_fp32_with_mixed16_is_rejected():
     with pytest.raises(ValueError) as info:
-        resolve_dtype('fp32', 'mixed16')
+        resolve_precision('fp32', 'mixed16')
     msg = str(info.value)
     assert 'fp32' in msg and 'mixed16' in msg and 'none' in msg
 

@@ -339,13 +339,21 @@ def test_nonfinite_raises_in_modes_that_cannot_recover(mode):
 
 
 @pytest.mark.filterwarnings('ignore::RuntimeWarning')
-def test_fixed_scale_overflow_raises():
-    """A too large fixed scale overflows the FP16 gradients: an error, not a
-    silent skip nor an Inf in the weights."""
-    up, model, _, _ = _mlp_mixed16('fixed:16777216')
+@pytest.mark.parametrize('precision', ['mixed16', 'fp8_e4m3', 'fp8_e5m2'])
+def test_fixed_scale_overflow_raises(precision):
+    """A too large fixed scale overflows the low-precision gradients: an
+    error, not a silent skip nor an Inf in the weights. (A scale not below
+    the format's largest value is refused before anything is built.)"""
+    with pytest.raises(ValueError, match='not below the largest value'):
+        make_loss_scaling('fixed:65536', precision)
+    # inputs x1000 make the weight gradients (sums over the batch) large
+    data = [(x * 1000, t) for x, t in H.digits_subset(16, size=8)]
+    scale = {'mixed16': 32768, 'fp8_e4m3': 256, 'fp8_e5m2': 32768}[precision]
+    up, model, _, _ = H.build('fixed:{}'.format(scale), H.MLP,
+                              dtype=precision, dataset=data)
     opt = up.get_optimizer('main')
     before = H.snapshot(model, opt)
-    with pytest.raises(NonFiniteGradientError, match='fixed:16777216'):
+    with pytest.raises(NonFiniteGradientError, match='fixed:'):
         H.step(up, model)
     H.assert_snapshot_equal(before, H.snapshot(model, opt))
     assert all(numpy.isfinite(p.array).all() for p in model.params())

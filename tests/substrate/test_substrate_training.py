@@ -10,7 +10,7 @@ from chainer import training
 from chainer.training import extensions
 
 from ada_loss.models import SmallCNN
-from ada_loss.scaling import make_loss_scaling, resolve_dtype
+from ada_loss.scaling import make_loss_scaling, resolve_precision
 from ada_loss.training import (
     Classifier, MixedPrecisionUpdater, dtype_config, setup_optimizer)
 
@@ -35,7 +35,7 @@ def train(mode, out):
     log of LogReport, the model and the updater."""
     if mode in _RUNS:
         return _RUNS[mode]
-    dtype = resolve_dtype(mode)
+    dtype = resolve_precision(mode)
     scaling = make_loss_scaling(mode)
     train_set, _ = H.digits_split(16)
     numpy.random.seed(0)
