@@ -201,8 +201,7 @@ class ScaledBackprop(object):
                     func, func.gemm_weight(), func.get_retained_inputs()[0].array,
                     out_grad[0].array, alpha)
                 func.grad_weight_scale = gamma
-                for i in range(1, len(inputs)):
-                    in_scales[i] = alpha * gamma
+            func.fit_weight_grad = True
             self.gemm_records[func.scale_key] = (alpha, beta)
         elif isinstance(func, FOREIGN_GEMMS):
             self.foreign_gemms.append('{} {}'.format(
@@ -223,6 +222,13 @@ class ScaledBackprop(object):
         finally:
             if is_gemm:
                 func.grad_input_scale = func.grad_weight_scale = 1
+                func.fit_weight_grad = False
+        if is_gemm:
+            # Weight and bias gradients are produced at α·γ (γ ≤ 1: the amax
+            # rule's, times the power of two that fits an overflowing
+            # weight gradient into the format); their leaves carry it.
+            for i in range(1, len(inputs)):
+                in_scales[i] = alpha * func.weight_grad_scale
         for hook in hooks:
             hook.backward_postprocess(func, in_data, out_arrays)
         if is_gemm and self.observe is not None:

@@ -217,7 +217,7 @@ PER_MODEL_SECTIONS = ('model', 'data', 'train', 'log')
 SCHEMA = {
     'table': string('table1', 'results subfolder: results/<table>/<run>/'),
     'layout': string('table1', 'how build_tables shows the results',
-                     choices=('table1', 'table4')),
+                     choices=('table1', 'table4', 'precision')),
     'description': string('', 'free text, copied to every run'),
     'distributed': boolean(False, 'ChainerMN data parallelism (mpiexec); '
                                   'same as --mpi'),
@@ -229,12 +229,19 @@ SCHEMA = {
         'modes': list_of(_mode_field(None, ''),
                          ['fp32', 'none', 'dynamic', 'adaptive'],
                          'loss-scaling modes (fp32, none, fixed:S, '
-                         'dynamic[:k=v], adaptive[:k=v])', nonempty=False),
+                         'dynamic[:k=v], adaptive[:k=v], amax[:k=v])',
+                         nonempty=False),
         'fixed_scales': list_of(_scale_field(None, ''), [],
                                 'fixed loss scales S, run as modes fixed:S',
                                 nonempty=False),
         'seeds': list_of(integer(None, '', minimum=0), [0],
                          'random seeds (one run each)'),
+        'precisions': list_of(_precision_field(None, ''), [],
+                              'precisions to sweep, each into '
+                              'results/<table>/<precision>/ (the precision '
+                              'table; experiments/precision_table.py); '
+                              'empty: train.precision only',
+                              nonempty=False),
     },
     'model': {
         'width': integer(None, 'filters of the first stage (null: the '
@@ -393,7 +400,7 @@ def _validate_per_model(raw, key):
 def _check_modes(cfg):
     """Every mode of the grid builds, in every precision it will run in."""
     from ada_loss.scaling import make_loss_scaling, resolve_precision
-    precisions = {cfg['train']['precision']}
+    precisions = {cfg['train']['precision']} | set(cfg['grid']['precisions'])
     for partial in cfg['per_model'].values():
         if 'precision' in partial.get('train', {}):
             precisions.add(partial['train']['precision'])

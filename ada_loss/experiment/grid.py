@@ -11,7 +11,7 @@ from ada_loss.scaling import parse_mode
 Cell = collections.namedtuple('Cell', ('model', 'dataset', 'mode', 'seed'))
 
 #: column order of the paper's Table 1
-MODE_ORDER = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive')
+MODE_ORDER = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive', 'amax')
 
 FILTER_KEYS = ('model', 'dataset', 'mode', 'seed')
 

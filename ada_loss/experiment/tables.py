@@ -213,8 +213,10 @@ def to_csv(table):
 
 def build_table(results_dir, layout='table1'):
     """Reads every run below ``results_dir`` and builds the table."""
+    from ada_loss.experiment.precision_table import precision_table
     runs = R.find_runs(results_dir)
-    return {'table1': table1, 'table4': table4}[layout](runs)
+    return {'table1': table1, 'table4': table4,
+            'precision': precision_table}[layout](runs)
 
 
 def write_tables(results_dir, layout='table1', out_dir=None, quiet=False):

@@ -32,12 +32,13 @@ class Convolution2DFunction(GemmFunction, FP16Emulation,
         gx, = f.apply((gy, W))
         return gx
 
-    def grad_weight(self, x, W, gy, scale=1):
+    def grad_weight(self, x, W, gy, scale=1, fit=False):
         f = Convolution2DGradW(self, W.shape, W.dtype, W.layout)
         f.output_scale, f.scaled_input = scale, 1   # inputs (x, gy)
         f.out_format = self.grad_format
+        f.fit_output = fit
         gW, = f.apply((x, gy))
-        return gW
+        return gW, f
 
 
 def convolution_2d(x, W, b=None, stride=1, pad=0, cover_all=False,

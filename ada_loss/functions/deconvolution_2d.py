@@ -24,14 +24,15 @@ class Deconvolution2DFunction(GemmFunction, FP16Emulation,
         gx, = f.apply((gy, W))
         return gx
 
-    def grad_weight(self, x, W, gy, scale=1):
+    def grad_weight(self, x, W, gy, scale=1, fit=False):
         if self.cover_all is None:
             self._set_cover_all(x.shape, W.shape)
         f = Convolution2DGradW(self, W.shape, W.dtype, W.layout)
         f.output_scale, f.scaled_input = scale, 0   # inputs (gy, x)
         f.out_format = self.grad_format
+        f.fit_output = fit
         gW, = f.apply((gy, x))
-        return gW
+        return gW, f
 
 
 def deconvolution_2d(x, W, b=None, stride=1, pad=0, outsize=None, dilate=1,

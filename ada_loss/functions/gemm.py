@@ -38,6 +38,23 @@ class FP16Emulation(object):
     scaled_input = 0
     #: FloatFormat the FP32 result is rounded to (emulated precisions), or None
     out_format = None
+    #: if True, an accumulator that would overflow the output format is
+    #: first scaled down by the power of two that fits it (per-tensor
+    #: "current" scaling of the output, exact); ``applied_scale`` is then
+    #: output_scale times that factor. Used for weight gradients in the
+    #: ⟨α, δ⟩ backward, whose leaves carry their own scale.
+    fit_output = False
+    applied_scale = None
+
+    def _fit(self, y, u_max):
+        scale = self.output_scale
+        if self.fit_output:
+            peak = float(abs(y).max()) if y.size else 0.0
+            while peak * scale >= u_max and numpy.isfinite(peak) and \
+                    scale > 2.0 ** -126:
+                scale /= 2.0
+        self.applied_scale = scale
+        return scale
 
     def forward(self, inputs):
         if self.out_format is not None and inputs[0].dtype == numpy.float32:
@@ -46,13 +63,15 @@ class FP16Emulation(object):
             # scaled accumulator to the format: what hardware with FP32
             # accumulators stores.
             ys = super(FP16Emulation, self).forward(inputs)
-            return tuple(round_to_format(y, self.out_format,
-                                         self.output_scale) for y in ys)
+            return tuple(round_to_format(
+                y, self.out_format, self._fit(y, self.out_format.u_max))
+                for y in ys)
         if emulates_fp16_gemm(inputs):
             wide = tuple(None if a is None else widen(a) for a in inputs)
             ys = super(FP16Emulation, self).forward(wide)
-            return tuple(round_to(y, numpy.float16, self.output_scale)
+            return tuple(round_to(y, numpy.float16, self._fit(y, 65504.0))
                          for y in ys)
+        self.applied_scale = self.output_scale
         if self.output_scale != 1:
             i = self.scaled_input
             a = inputs[i]
@@ -146,6 +165,11 @@ class GemmFunction(object):
     #: γ ≤ 1 of the weight and bias gradients (a power of two; the amax
     #: rule lowers it where they would overflow), set like grad_input_scale
     grad_weight_scale = 1
+    #: set by the ⟨α, δ⟩ backward: fit the weight gradient into the format
+    #: (FP16Emulation.fit_output); ``weight_grad_scale`` is then the scale
+    #: the weight gradient was produced at (relative to the incoming α)
+    fit_weight_grad = False
+    weight_grad_scale = 1
     #: (forward format, backward format) of an emulated precision, or None.
     #: The caller rounds x, W, b to the forward format; this node rounds its
     #: output to it, and in the backward rounds the incoming gradient and
@@ -192,11 +216,17 @@ class GemmFunction(object):
         ret = []
         if 0 in indexes:
             ret.append(self.grad_input(x, W, gy, self.grad_input_scale))
+        self.weight_grad_scale = self.grad_weight_scale
         if 1 in indexes:
-            ret.append(self.grad_weight(x, W, gy, self.grad_weight_scale))
+            gW, node = self.grad_weight(x, W, gy, self.grad_weight_scale,
+                                        self.fit_weight_grad)
+            ret.append(gW)
+            if node.applied_scale is not None:
+                self.weight_grad_scale = node.applied_scale
         if 2 in indexes:
+            # the bias gradient shares the weight gradient's scale
             ret.append(bias_grad(gy, self.bias_axis, self.grad_format,
-                                 self.grad_weight_scale))
+                                 self.weight_grad_scale))
         return ret
 
 

@@ -27,12 +27,13 @@ class LinearFunction(GemmFunction, FP16Emulation, _linear.LinearFunction):
         gx, = LinearGradData(scale, self.grad_format).apply((W, gy))
         return gx
 
-    def grad_weight(self, x, W, gy, scale=1):
+    def grad_weight(self, x, W, gy, scale=1, fit=False):
         f = LinearGradWeight(W.dtype)
         f.output_scale, f.scaled_input = scale, 1   # inputs (x, gy)
         f.out_format = self.grad_format
+        f.fit_output = fit
         gW, = f.apply((x, gy))
-        return gW
+        return gW, f
 
 
 def linear(x, W, b=None, n_batch_axes=1, scale_key=None, formats=None):
