@@ -205,5 +205,6 @@ def get_format(fmt):
         if f is None:
             raise ValueError('unknown floating-point format {!r}; expected {}'
                              .format(fmt, _ACCEPTED))
-        _CACHE[key] = f
+        # one object per format (e8m23 is float32)
+        _CACHE[key] = _CACHE.setdefault(f.name, f)
     return _CACHE[key]

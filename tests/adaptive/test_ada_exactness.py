@@ -82,16 +82,18 @@ def _mlp_loss(x, t):
     return fn
 
 
-def _run_both(make_model, batches, loss_of, init_scale=1.0, seed=0):
-    """Two MomentumSGD steps with plain backward and with AdaLossScaled on a
-    deep copy of the same model; checks bitwise equality after every step."""
+def _run_both(make_model, batches, loss_of, init_scale=1.0, seed=0,
+              scaler=AdaLossScaled, **options):
+    """Two MomentumSGD steps with plain backward and with AdaLossScaled (or
+    ``scaler``) on a deep copy of the same model; checks bitwise equality
+    after every step."""
     np.random.seed(seed)
     plain = make_model()
     # initialize lazily-shaped params with a forward pass
     loss_of(*batches[0])(plain)
     plain.cleargrads()
     ada_model = copy.deepcopy(plain)
-    ada = AdaLossScaled(ada_model, init_scale=init_scale, verbose=False)
+    ada = scaler(ada_model, init_scale=init_scale, verbose=False, **options)
     opt_p = chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9)
     opt_p.setup(plain)
     opt_a = chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9)
