@@ -17,6 +17,16 @@ Stochastic rounding adds uniform random bits below the kept mantissa before
 truncating (the normal range) or ``floor(|x|/q + u)·q`` with q the subnormal
 spacing (exact in float32: |x|/q < 2^M carries M bits, u the other 23 − M).
 
+Round-to-nearest for formats whose range is well inside float32's (E < 8,
+which includes float16 and FP8) uses float32 arithmetic instead, which NumPy
+vectorizes better (about 2x faster here): Veltkamp's splitting
+``c = x·(2^(23−M) + 1); c − (c − x)`` rounds x to M + 1 significant bits
+(nearest, ties to even for M ≥ 1), the subnormal range is rounded by the magic-number
+addition above, and overflow is decided on |x| against the format's rounding
+threshold u_max + spacing/2 (at the tie itself: overflow when u_max's code
+is odd, as IEEE's ties-to-even says). Both paths are tested bit for bit
+against ml_dtypes and NumPy.
+
 Where ``ml_dtypes`` has the format with the same semantics and its cast is
 faster (bfloat16), round-to-nearest uses ``x.astype(t).astype(float32)``.
 """
@@ -97,6 +107,45 @@ class BitRounder(object):
         return r.view(_F32)
 
 
+class SplitRounder(object):
+    """Round-to-nearest-even in float32 arithmetic (see module doc); only
+    for formats with emax + 24 − M < 128 (the split cannot overflow) and
+    M ≥ 1 (with M = 0, a one-bit split rounds ties upward, not to even:
+    measured by the exact-rounding tests)."""
+
+    def __init__(self, man_bits, emin, emax, u_max, overflow):
+        self.factor = _F32(2.0 ** (23 - man_bits) + 1)
+        self.tiny = _F32(2.0 ** emin)
+        self.magic = _F32(2.0 ** (emin - man_bits + 23))
+        # u_max's code is odd (all-ones mantissa) except for OCP E4M3 (its
+        # all-ones code is NaN) and M = 0 (the code of 2^emax is even)
+        odd_top = overflow != 'nan' and man_bits > 0
+        self.threshold = _F32(u_max + 2.0 ** (emax - man_bits) / 2)
+        self.tie_overflows = odd_top
+        self.over_value = _F32({'inf': numpy.inf, 'nan': numpy.nan,
+                                'saturate': u_max}[overflow])
+
+    @staticmethod
+    def usable(man_bits, emax):
+        return man_bits >= 1 and emax + 24 - man_bits < 128
+
+    def round(self, x):
+        xp = _xp(x)
+        with numpy.errstate(invalid='ignore', over='ignore'):
+            c = x * self.factor
+            y = c - (c - x)
+            ax = xp.abs(x)
+            small = ax < self.tiny
+            if bool(small.any()):
+                sub = xp.copysign((ax + self.magic) - self.magic, x)
+                y = xp.where(small, sub, y)
+            over = ax >= self.threshold if self.tie_overflows else \
+                ax > self.threshold
+            if bool(over.any()):
+                y = xp.where(over, xp.copysign(self.over_value, x), y)
+        return y
+
+
 def _random_bits(rng, xp, shape, nbits):
     if isinstance(rng, (int, numpy.integer)):
         rng = xp.random.default_rng(int(rng))
@@ -128,12 +177,8 @@ def quantize(fmt, x, rounding='nearest', rng=None):
     if fmt.is_float32:
         return x.copy()
     xp = _xp(x)
-    if xp is numpy:
-        if fmt.name == 'float16':
-            return x.astype(numpy.float16).astype(_F32)
-        if fmt.name in _ML_FASTER and fmt.ml_dtype is not None:
-            return x.astype(fmt.ml_dtype).astype(_F32)
-        x = numpy.ascontiguousarray(x)
-    else:
-        x = xp.ascontiguousarray(x)
-    return fmt._rounder.round(x)
+    if xp is numpy and fmt.name in _ML_FASTER and fmt.ml_dtype is not None:
+        return x.astype(fmt.ml_dtype).astype(_F32)
+    if fmt._split is not None:
+        return fmt._split.round(x)
+    return fmt._rounder.round(xp.ascontiguousarray(x))

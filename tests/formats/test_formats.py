@@ -94,6 +94,8 @@ def test_quantize_equals_ml_dtypes(name):
     want = x.astype(ml).astype(F32)
     _assert_bits_equal(fmt.quantize(x), want, x, name)
     _assert_bits_equal(fmt._rounder.round(x.copy()), want, x, name + ' bits')
+    if fmt._split is not None:
+        _assert_bits_equal(fmt._split.round(x), want, x, name + ' split')
 
 
 @pytest.mark.parametrize('name', sorted(ML))
@@ -188,9 +190,9 @@ def test_emxmy_against_exact_rounding(name):
     if len(values) > 5000:
         x = x[rng.choice(len(x), 20000, replace=False)] if len(x) > 20000 \
             else x
-    got = fmt.quantize(x)
     want = np.array([_rne_exact(float(v), values) for v in x], dtype=F32)
-    _assert_bits_equal(got, want, x, name)
+    _assert_bits_equal(fmt.quantize(x), want, x, name)
+    _assert_bits_equal(fmt._rounder.round(x.copy()), want, x, name + ' bits')
 
 
 def test_float32_is_identity_and_known_aliases():

@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""Speed of the emulated precisions: quantization alone and a ResNet-20
+training step in each precision, as a ratio to float32, from one run.
+
+(a) ``FloatFormat.quantize`` on 4M float32 values (ns per element), against
+    ``x.astype(ml_dtypes.T).astype(float32)`` where ml_dtypes has the format.
+(b) CIFAR ResNet-20, batch 128, one ``MixedPrecisionUpdater`` step with
+    ``fixed:8`` (so that every precision runs the same backward), for
+    float32, mixed16, bf16, fp8 (E4M3 forward, E5M2 gradients) and fp8_e4m3;
+    steps are interleaved round-robin against drift; medians and ratios to
+    float32 are printed. Target of the formats issue: <= 1.3x for each.
+
+    .venv/bin/python scripts/bench_formats.py [--batch 128] [--repeats 5]
+"""
+import argparse
+import sys
+import time
+
+import bench_common as bc  # NOQA (puts the project on sys.path)
+import numpy
+
+from ada_loss.formats import get_format
+
+
+def quantize_table(n=4000000):
+    try:
+        import ml_dtypes
+    except ImportError:
+        ml_dtypes = None
+    rng = numpy.random.RandomState(0)
+    x = (rng.standard_normal(n) * numpy.exp2(rng.uniform(-20, 8, n))).astype(
+        numpy.float32)
+    refs = {'float16': numpy.float16, 'bfloat16': 'bfloat16',
+            'fp8_e4m3': 'float8_e4m3fn', 'fp8_e5m2': 'float8_e5m2',
+            'e4m3': 'float8_e4m3', 'e3m0': None}
+    print('(a) quantize, {:.0f}M float32 values: ns per element (median of '
+          '3)'.format(n / 1e6))
+    print('  {:<10s} {:>10s} {:>12s}'.format('format', 'quantize',
+                                            'ml_dtypes'))
+    for name, ref in refs.items():
+        fmt = get_format(name)
+        fmt.quantize(x[:1000])
+        t = bc.median([bc.timed(lambda: fmt.quantize(x)) for _ in range(3)])
+        r = ''
+        if ref is not None and ml_dtypes is not None:
+            typ = ref if not isinstance(ref, str) else getattr(ml_dtypes, ref)
+            tr = bc.median([bc.timed(lambda: x.astype(typ).astype(
+                numpy.float32)) for _ in range(3)])
+            r = '{:.2f}'.format(tr / n * 1e9)
+        print('  {:<10s} {:>10.2f} {:>12s}'.format(name, t / n * 1e9, r))
+    sys.stdout.flush()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--batch', type=int, default=128)
+    p.add_argument('--repeats', type=int, default=5)
+    p.add_argument('--warmup', type=int, default=1)
+    p.add_argument('--precisions', default='float32,mixed16,bf16,fp8,'
+                                           'fp8_e4m3')
+    p.add_argument('--skip-quantize', action='store_true')
+    args = p.parse_args()
+    bc.print_machine_info()
+    if not args.skip_quantize:
+        quantize_table()
+    precisions = args.precisions.split(',')
+    steps = {}
+    for prec in precisions:
+        mode = 'fp32' if prec == 'float32' else 'fixed:8'
+        steps[prec] = bc.ResNetStep(mode, args.batch, precision=prec)
+    for _ in range(args.warmup):
+        for s in steps.values():
+            s.step()
+    times = {k: [] for k in steps}
+    for _ in range(args.repeats):
+        for k, s in steps.items():
+            t0 = time.perf_counter()
+            s.step()
+            times[k].append(time.perf_counter() - t0)
+    print('(b) CIFAR ResNet-20 training step, batch {}, {} interleaved '
+          'repeats'.format(args.batch, args.repeats))
+    base = bc.median(times[precisions[0]])
+    print('  {:<10s} {:>9s} {:>9s}  {}'.format('precision', 'median s',
+                                               '/ float32', 'all (s)'))
+    for k in precisions:
+        m = bc.median(times[k])
+        print('  {:<10s} {:>9.3f} {:>9.2f}  {}'.format(
+            k, m, m / base, ' '.join('{:.2f}'.format(t) for t in times[k])))
+    print('load avg at end: {}'.format(bc.load_average()))
+
+
+if __name__ == '__main__':
+    main()
