@@ -10,7 +10,7 @@ divides them by it in FP32 (on the FP32 master copy under
 import chainer
 
 from ada_loss.formats import get_format
-from ada_loss.loss_scale.dynamic import DynamicLossScale
+from ada_loss.loss_scale.dynamic import make_dynamic_loss_scale
 from ada_loss.loss_scale.gemm import check_scale
 from ada_loss.scaling.modes import parse_mode
 
@@ -75,30 +75,59 @@ class FixedScaling(LossScaling):
 
 
 class DynamicScaling(LossScaling):
-    """``dynamic``: backoff scaling (Kuchaiev et al., 2018); see
-    :class:`ada_loss.loss_scale.DynamicLossScale` for the defaults."""
+    """``dynamic[:style=...,k=v]``: one global backoff loss scale, as its
+    source defines it (:mod:`ada_loss.loss_scale.dynamic`):
+
+    * ``style=pytorch`` (default): GradScaler; options ``init_scale``
+      (2^16), ``growth_factor`` (2), ``backoff_factor`` (0.5),
+      ``growth_interval`` (2000), ``min_scale``/``max_scale`` (none).
+    * ``style=chainer``: Chainer's ``optimizer.loss_scaling()``, the paper's
+      "Dynamic"; options ``interval`` (1000), ``init_scale`` (1),
+      ``min_scale`` (1), ``max_scale`` (65504).
+    * ``style=tf``: ``ExponentialUpdateLossScaleManager`` (seed 002);
+      options ``init_scale`` (2^32), ``incr_every_n_steps`` (1000),
+      ``decr_every_n_nan_or_inf`` (2), ``incr_ratio`` (2), ``decr_ratio``
+      (0.5), ``min_scale`` (1), ``max_scale`` (none).
+
+    An option left out (or ``None``) keeps the style's default; an option
+    of another style is a ``ValueError``. The keyword arguments are the
+    union of the styles' options (the mode parser takes them from here).
+    """
 
     recovers = True
 
-    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0,
-                 backoff_factor=0.5, growth_interval=2000):
-        self.state = DynamicLossScale(init_scale, growth_factor,
-                                      backoff_factor, growth_interval)
+    def __init__(self, style='pytorch', init_scale=None, growth_factor=None,
+                 backoff_factor=None, growth_interval=None, interval=None,
+                 incr_every_n_steps=None, decr_every_n_nan_or_inf=None,
+                 incr_ratio=None, decr_ratio=None, min_scale=None,
+                 max_scale=None):
+        given = dict(
+            init_scale=init_scale, growth_factor=growth_factor,
+            backoff_factor=backoff_factor, growth_interval=growth_interval,
+            interval=interval, incr_every_n_steps=incr_every_n_steps,
+            decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
+            incr_ratio=incr_ratio, decr_ratio=decr_ratio,
+            min_scale=min_scale, max_scale=max_scale)
+        self.state = make_dynamic_loss_scale(
+            style, **{k: v for k, v in given.items() if v is not None})
+        self.style = self.state.style
 
     def backward(self, loss):
         loss.backward(loss_scale=self.state.scale)
 
-    def update(self, found_nonfinite):
-        self.state.update(found_nonfinite)
+    def update(self, found_overflow):
+        self.state.update(found_overflow)
 
     @property
     def scale(self):
         return self.state.scale
 
     def serialize(self, serializer):
-        self.state.scale = float(serializer('scale', self.state.scale))
-        self.state.clean_steps = int(
-            serializer('clean_steps', self.state.clean_steps))
+        # every key of the style's state (a PyTorch-style snapshot keeps the
+        # keys of earlier versions: scale, clean_steps)
+        state = self.state.state_dict()
+        self.state.load_state_dict(
+            {k: serializer(k, v) for k, v in state.items()})
 
 
 class AdaptiveScaling(LossScaling):

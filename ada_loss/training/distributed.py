@@ -157,5 +157,5 @@ class DistributedMixedPrecisionUpdater(MixedPrecisionUpdater):
 
     def grads_finite(self, model):
         from mpi4py import MPI
-        local = all_grads_finite(model)
+        local = all_grads_finite(model, self.loss_scaling.fmt)
         return bool(self.comm.mpi_comm.allreduce(local, op=MPI.LAND))

@@ -6,34 +6,64 @@ from chainer.training import updaters
 from ada_loss.scaling.methods import NonFiniteGradientError
 
 
-def all_grads_finite(model):
-    """True if every parameter gradient is finite (one reduction each)."""
-    for param in model.params():
-        g = param.grad
-        if g is None:
-            continue
-        xp = backend.get_array_module(g)
-        if not bool(xp.isfinite(g).all()):
-            return False
-    return True
+def _format_params(model):
+    """ids of the parameters whose gradients are stored in an emulated
+    format: those of GEMM links with a backward format (``gemm_formats``,
+    :func:`ada_loss.training.precision.apply_precision`). None if the model
+    has no such link (then every gradient is taken to be in the format)."""
+    ids = set()
+    for link in model.links():
+        formats = getattr(link, 'gemm_formats', None)
+        if formats is not None and formats[1] is not None:
+            ids.update(id(p) for p in link.params(include_uninit=False))
+    return ids or None
 
 
-def nonfinite_params(model):
-    names = []
-    for name, param in model.namedparams():
-        g = param.grad
-        if g is not None and not bool(
-                backend.get_array_module(g).isfinite(g).all()):
-            names.append(name)
-    return names
+def _overflowed(param, fmt, in_format):
+    """Whether one gradient overflowed: one vectorized reduction."""
+    g = param.grad
+    if g is None:
+        return False
+    xp = backend.get_array_module(g)
+    if fmt is not None and fmt.saturates and (
+            in_format is None or id(param) in in_format):
+        # An overflow saturates to +-u_max (seed 002's "saturation mode"),
+        # so a value at u_max counts as one; NaN fails the comparison too.
+        return not bool((xp.abs(g) < fmt.u_max).all())
+    return not bool(xp.isfinite(g).all())
+
+
+def all_grads_finite(model, fmt=None):
+    """True if no parameter gradient overflowed: every gradient is finite
+    and, when the gradient format ``fmt`` saturates
+    (:attr:`ada_loss.formats.FloatFormat.saturates`), every gradient stored
+    in it is below ``fmt.u_max`` in magnitude. One reduction per parameter.
+
+    Gradients that stay FP32 in an emulated precision (batch norm's γ/β,
+    ...) are only checked for Inf/NaN: they may exceed u_max legitimately.
+    """
+    in_format = _format_params(model) if fmt is not None and \
+        fmt.saturates else None
+    return not any(_overflowed(p, fmt, in_format) for p in model.params())
+
+
+def nonfinite_params(model, fmt=None):
+    """Names of the parameters whose gradients overflowed (as in
+    :func:`all_grads_finite`)."""
+    in_format = _format_params(model) if fmt is not None and \
+        fmt.saturates else None
+    return [name for name, p in model.namedparams()
+            if _overflowed(p, fmt, in_format)]
 
 
 class MixedPrecisionUpdater(updaters.StandardUpdater):
     """One training step: forward, scaled backward, finite check, update.
 
-    A step whose gradients contain Inf/NaN never reaches the master weights:
-    with a method that recovers (dynamic, adaptive) it is skipped and
-    counted; otherwise :class:`NonFiniteGradientError` is raised.
+    A step whose gradients overflowed -- Inf/NaN, or in a gradient format
+    that saturates (``loss_scaling.fmt.saturates``) a value at ± its u_max --
+    never reaches the master weights: with a method that recovers (dynamic,
+    adaptive) it is skipped and counted; otherwise
+    :class:`NonFiniteGradientError` is raised.
 
     Reports ``loss_scale`` and ``skipped_steps`` (cumulative) every step.
 
@@ -83,17 +113,20 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
                     'skipping steps; use a smaller fixed scale, or the '
                     'dynamic or adaptive mode.'.format(
                         self.iteration + 1, self.mode,
-                        ', '.join(nonfinite_params(model)[:8])))
+                        ', '.join(nonfinite_params(
+                            model, self.loss_scaling.fmt)[:8])))
             model.cleargrads()
         self.loss_scaling.update(not finite)
         chainer.report({'loss_scale': self.loss_scaling.scale,
                         'skipped_steps': self.skipped_steps})
 
     def grads_finite(self, model):
-        """Whether this step's gradients are all finite. A hook: the
-        distributed updater (:mod:`ada_loss.training.distributed`) makes all
-        ranks agree, so they skip the same steps."""
-        return all_grads_finite(model)
+        """Whether this step's gradients are all finite (and, in a format
+        that saturates, below its largest value; see
+        :func:`all_grads_finite`). A hook: the distributed updater
+        (:mod:`ada_loss.training.distributed`) makes all ranks agree, so they
+        skip the same steps."""
+        return all_grads_finite(model, self.loss_scaling.fmt)
 
     def serialize(self, serializer):
         super(MixedPrecisionUpdater, self).serialize(serializer)
