@@ -293,6 +293,35 @@ def style_options(style):
             if p != 'self']
 
 
+_SOURCES = {
+    'pytorch': "PyTorch GradScaler (the default)",
+    'chainer': "Chainer's optimizer.loss_scaling(), the paper's Dynamic",
+    'tf': "TensorFlow ExponentialUpdateLossScaleManager (seed 002)",
+}
+
+
+def describe_styles():
+    """One line per style: the mode string, its source, and its options
+    with their defaults (read from the signatures, for ``--help-config``)."""
+    import inspect
+    lines = []
+    for style in STYLES:
+        params = inspect.signature(_CLASSES[style].__init__).parameters
+        opts = ', '.join('{}={}'.format(
+            k, _fmt_default(p.default)) for k, p in params.items()
+            if k != 'self')
+        lines.append('dynamic:style={}[,k=v...]: {}; {}'.format(
+            style, _SOURCES[style], opts))
+    return '\n'.join(lines)
+
+
+def _fmt_default(value):
+    if isinstance(value, float) and value >= 1024 and \
+            math.log2(value).is_integer():
+        return '2^{:d}'.format(int(math.log2(value)))
+    return '{:g}'.format(value) if isinstance(value, float) else str(value)
+
+
 def check_style(style):
     if not isinstance(style, str) or style.strip().lower() not in STYLES:
         raise ValueError('unknown dynamic loss-scaling style {!r}; expected '

@@ -4,8 +4,13 @@
 ``fp32``           no mixed precision at all (precision float32), no scaling
 ``none``           low precision without loss scaling
 ``fixed:S``        static loss scale S > 0 (power of two for exactness)
-``dynamic[:k=v]``  backoff dynamic scaling; keys ``init_scale``,
-                   ``growth_factor``, ``backoff_factor``, ``growth_interval``
+``dynamic[:k=v]``  one global backoff scale, ``style`` = ``pytorch``
+                   (GradScaler, default: ``init_scale``, ``growth_factor``,
+                   ``backoff_factor``, ``growth_interval``), ``chainer``
+                   (Chainer's, the paper's: ``interval``, ``init_scale``) or
+                   ``tf`` (seed 002: ``init_scale``, ``incr_every_n_steps``,
+                   ``decr_every_n_nan_or_inf``, ``incr_ratio``,
+                   ``decr_ratio``); all: ``min_scale``, ``max_scale``
 ``adaptive[:k=v]`` layer-wise adaptive scaling (this paper); keys
                    ``init_scale``, ``t_uf``, ``update_interval``, ``fmt``,
                    ``bound``, ``max_layer_scale``,

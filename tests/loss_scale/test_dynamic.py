@@ -12,7 +12,7 @@ import chainer.functions as F
 
 from ada_loss.loss_scale.dynamic import (
     STYLES, ChainerLossScale, DynamicLossScale, TFLossScale,
-    make_dynamic_loss_scale, style_options)
+    describe_styles, make_dynamic_loss_scale, style_options)
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.training import MixedPrecisionUpdater
 
@@ -231,6 +231,17 @@ def test_style_options():
     assert style_options('tf') == [
         'init_scale', 'incr_every_n_steps', 'decr_every_n_nan_or_inf',
         'incr_ratio', 'decr_ratio', 'min_scale', 'max_scale']
+
+
+def test_describe_styles_lists_every_option_with_its_default():
+    text = describe_styles().splitlines()
+    assert len(text) == 3
+    assert text[1].startswith('dynamic:style=chainer')
+    assert 'interval=1000, init_scale=1, min_scale=1, max_scale=65504' \
+        in text[1]
+    assert 'init_scale=2^16, growth_factor=2' in text[0]
+    assert 'decr_every_n_nan_or_inf=2, incr_ratio=2, decr_ratio=0.5' \
+        in text[2]
 
 
 def test_user_clamps():
