@@ -62,17 +62,25 @@ def create_communicator(name='naive'):
     return chainermn.create_communicator(name)
 
 
-def sync_loss_scales_and_mean(model, mpi_comm):
+def sync_loss_scales_and_mean(model, mpi_comm, mean=None):
     """Averages the gradients of ``model`` over ``mpi_comm`` at one common
     loss scale per parameter (see the module docstring).
+
+    Args:
+        mean: ``None`` (FP32 ``Allreduce(SUM)`` × 1/size), or a function
+            ``mean(buf, names, sizes)`` returning the mean over the ranks of
+            the packed, rescaled FP32 gradients ``buf`` (parameter ``names``
+            and ``sizes`` in buffer order), e.g. the low-precision
+            all-reduce of :mod:`ada_loss.communication`.
 
     Returns:
         numpy.ndarray: the common scale α* of each parameter, in the order
         of ``sorted(model.namedparams())`` (parameters without data skipped).
     """
     from mpi4py import MPI
-    params = [p for _, p in sorted(model.namedparams())
-              if p.array is not None]
+    named = [(n, p) for n, p in sorted(model.namedparams())
+             if p.array is not None]
+    params = [p for _, p in named]
     local = numpy.empty(len(params), numpy.float64)
     for i, p in enumerate(params):
         if p.grad is None:
@@ -99,8 +107,11 @@ def sync_loss_scales_and_mean(model, mpi_comm):
             if a_common != a_local:
                 g *= buf_dtype(a_common / a_local)
         offset += n
-    mpi_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    buf *= buf_dtype(1.0 / mpi_comm.size)
+    if mean is None:
+        mpi_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        buf *= buf_dtype(1.0 / mpi_comm.size)
+    else:
+        buf = mean(buf, [n for n, _ in named], sizes)
     offset = 0
     for p, n, a_common in zip(params, sizes, common):
         p.grad[...] = buf[offset:offset + n].reshape(p.grad.shape)

@@ -1,0 +1,193 @@
+"""APS (Algorithm 1 of seed 004) for one step's gradients, with the
+low-precision sum emulated as CPD does (§5.1).
+
+One step, for the gradients of ``p`` workers packed into flat FP32 buffers
+(one segment per parameter, "layer"):
+
+1. every worker: ``max_exp`` of each low-precision layer (FINDMAXEXP of
+   grad · p, :mod:`~ada_loss.communication.exponents`), one byte per layer;
+2. all-reduce (MAX) of that vector: one message for all layers (line 4);
+3. every worker: shift by ``2^(upper_exp − max_exp)`` (exact: ``ldexp``),
+   cast to the format (lines 5–7): the *payload*;
+4. the sum of the payloads accumulated in the format in the stated order
+   (line 8; :mod:`~ada_loss.communication.summation`), cast back to FP32
+   (line 10, exact), unshift (line 11, exact), and × 1/p: the mean, as
+   ChainerMN's ``allreduce_grad`` (which averages) returns.
+
+Layers kept in FP32 (policy) skip 1–3 and are summed in FP32 in the same
+order. Without APS (``aps=False``) step 3 is a plain cast, steps 1–2 vanish.
+
+Steps 1, 3 are per worker and elementwise; step 4 is a function of the
+gathered payloads only. The ChainerMN communicator
+(:mod:`~ada_loss.communication.communicator`) and the N-worker simulator
+(:mod:`~ada_loss.communication.simulator`) both call these same functions,
+which is why they agree bit for bit.
+"""
+import numpy
+
+from ada_loss.communication import exponents as X
+from ada_loss.communication.policy import CommPolicy
+from ada_loss.communication.summation import check_order, low_precision_sum
+from ada_loss.formats import get_format
+
+_F32 = numpy.float32
+
+
+class StepReduction(object):
+    """The plan of one step's reduction: which elements go in the format.
+
+    Args:
+        policy (CommPolicy): formats and order.
+        names (list of str): parameter names, in buffer order.
+        sizes (list of int): their sizes (segments are contiguous).
+        n_workers (int): p.
+        epoch (float): for the hybrid schedule.
+    """
+
+    def __init__(self, policy, names, sizes, n_workers, epoch=0.0):
+        policy.check(n_workers)
+        self.policy = policy
+        self.n_workers = int(n_workers)
+        self.names = list(names)
+        self.sizes = [int(s) for s in sizes]
+        self.offsets = numpy.concatenate(
+            [[0], numpy.cumsum(self.sizes, dtype=numpy.int64)]).astype(
+            numpy.int64)
+        self.size = int(self.offsets[-1])
+        self.lp_layers = numpy.array(
+            policy.low_precision_mask(self.names, epoch), bool)
+        self.lp_elements = numpy.repeat(self.lp_layers, self.sizes)
+        self.any_lp = bool(self.lp_layers.any())
+        self.uses_exponents = policy.aps and self.any_lp
+
+    @property
+    def segments(self):
+        """``(offset, size)`` of the low-precision layers (the exponent
+        message covers these, in order)."""
+        return [(int(self.offsets[i]), self.sizes[i])
+                for i in numpy.flatnonzero(self.lp_layers)]
+
+    # -- 1. per worker -----------------------------------------------------
+    def local_max_exps(self, buffer):
+        """The worker's exponent message: ``int8``, one per low-precision
+        layer (empty without APS)."""
+        if not self.uses_exponents:
+            return numpy.empty(0, numpy.int8)
+        return X.layer_max_exps(buffer, self.segments, self.n_workers)
+
+    def stacked_max_exps(self, buffers):
+        """``local_max_exps`` of every row of ``buffers`` (``(p, n)``),
+        maximum over the rows: what the MAX all-reduce gives."""
+        if not self.uses_exponents:
+            return numpy.empty(0, numpy.int8)
+        return X.stacked_layer_max_exps(buffers, self.segments,
+                                        self.n_workers).max(axis=0)
+
+    # -- 2./3. shift and cast ---------------------------------------------
+    def shifts(self, global_max_exps):
+        """Per element ``factor_exp`` (int32; 0 for FP32 layers) and the
+        per-element mask of layers reported non-finite."""
+        layer_shift = numpy.zeros(len(self.sizes), numpy.int32)
+        bad = numpy.zeros(len(self.sizes), bool)
+        if self.uses_exponents:
+            codes = numpy.asarray(global_max_exps)
+            idx = numpy.flatnonzero(self.lp_layers)
+            layer_shift[idx] = X.shift_exponents(codes, self.policy.format)
+            bad[idx] = codes == X.NONFINITE
+        return (numpy.repeat(layer_shift, self.sizes),
+                numpy.repeat(bad, self.sizes))
+
+    def encode(self, buffer, shift):
+        """The payload of one worker (or of stacked workers, ``(..., n)``):
+        low-precision layers shifted and cast to the format (their values
+        stored in FP32), FP32 layers as they are."""
+        buffer = numpy.asarray(buffer, _F32)
+        if not self.any_lp:
+            return buffer.copy()
+        shifted = numpy.ldexp(buffer, shift).astype(_F32, copy=False) \
+            if self.uses_exponents else buffer.copy()
+        lp = self.lp_elements
+        if lp.all():
+            return self.policy.format.quantize(shifted)
+        shifted[..., lp] = self.policy.format.quantize(
+            numpy.ascontiguousarray(shifted[..., lp]))
+        return shifted
+
+    # -- 4. the sum, cast back, unshift, mean ------------------------------
+    def reduce(self, payloads, shift, nonfinite=None):
+        """The FP32 mean over workers from the gathered payloads
+        (``(p, n)``): the same on every worker that calls it."""
+        payloads = numpy.asarray(payloads, _F32)
+        p = payloads.shape[0]
+        if p != self.n_workers:
+            raise ValueError('expected {} payloads, got {}'.format(
+                self.n_workers, p))
+        pol = self.policy
+        total = numpy.empty(self.size, _F32)
+        lp = self.lp_elements
+        for mask, fmt, kahan in ((lp, pol.format, pol.kahan),
+                                 (~lp, get_format('float32'), False)):
+            if not mask.any():
+                continue
+            cols = payloads if mask.all() else payloads[:, mask]
+            total[mask] = low_precision_sum(cols, fmt, pol.order,
+                                            pol.group_size, kahan)
+        if self.uses_exponents:
+            total = numpy.ldexp(total, -shift).astype(_F32, copy=False)
+        total *= _F32(1.0 / p)
+        if nonfinite is not None and nonfinite.any():
+            total[nonfinite] = numpy.nan
+        return total
+
+    # -- everything at once (one process holds all workers) -----------------
+    def mean_of_stacked(self, buffers):
+        """Steps 1–4 for stacked worker buffers ``(p, n)``: exactly what p
+        ranks compute (the simulator and :func:`allreduce_low_precision`)."""
+        buffers = numpy.asarray(buffers, _F32)
+        shift, bad = self.shifts(self.stacked_max_exps(buffers))
+        return self.reduce(self.encode(buffers, shift), shift, bad)
+
+
+def allreduce_low_precision(worker_grads, fmt, aps=True, order='ring',
+                            group_size=None, kahan=False):
+    """One layer's gradients from each worker → their FP32 mean, reduced in
+    the format ``fmt`` as APS/CPD do (module docstring).
+
+    Args:
+        worker_grads (list of array): one array per worker, same shape
+            (FP32; FP16 is widened exactly).
+        fmt (str): a format name (``'e5m2'``, ``'e4m3'``, ``'e3m0'``,
+            ``'float32'``, ...).
+        aps (bool): Algorithm 1's shift; ``False``: plain cast.
+        order (str): ``'ring'`` or ``'hierarchical'`` (with ``group_size``).
+        group_size (int): k for the hierarchical order (p % k == 0).
+        kahan (bool): Kahan summation in the format.
+
+    Returns:
+        numpy.ndarray: float32, the shape of one gradient.
+
+    Raises:
+        ValueError: unknown format, bad order/group size, no gradients or
+            shapes that differ.
+    """
+    policy = CommPolicy(fmt, aps, order, group_size, kahan)
+    grads = list(worker_grads)
+    if not grads:
+        raise ValueError('worker_grads is empty: give one gradient per '
+                         'worker')
+    shape = numpy.shape(grads[0])
+    if any(numpy.shape(g) != shape for g in grads):
+        raise ValueError('all workers must give gradients of one shape, got '
+                         '{}'.format(sorted({numpy.shape(g) for g in grads})))
+    check_order(order, group_size, len(grads))
+    stacked = numpy.stack([numpy.asarray(g, _F32).ravel() for g in grads])
+    n = stacked.shape[1]
+    plan = StepReduction(policy, ['grad'], [n], len(grads))
+    return plan.mean_of_stacked(stacked).reshape(shape)
+
+
+def plain_mean(worker_grads, order='ring', group_size=None):
+    """The FP32 mean with the FP32 sum in the same order (no formats): what
+    FP32 communication computes."""
+    return allreduce_low_precision(worker_grads, 'float32', aps=False,
+                                   order=order, group_size=group_size)

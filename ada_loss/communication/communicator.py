@@ -1,0 +1,130 @@
+"""APS on ChainerMN: a communicator whose gradient mean is the low-precision
+all-reduce of Algorithm 1 (seed 004), composed with the per-parameter
+loss-scale sync of :mod:`ada_loss.training.distributed`.
+
+What one ``multi_node_mean_grad`` (= ``allreduce_grad``) does, per step:
+
+1. the loss-scale sync of ``sync_loss_scales_and_mean``: ranks agree on
+   α* = min α per parameter (one ``Allreduce(MIN)``, float64) and rescale
+   their (FP16 or FP32) gradients into one packed FP32 buffer at α*; with one
+   global scale (fp32, none, fixed, dynamic) this is a no-op. So APS always
+   sees gradients at a common scale, which is what a sum needs. (APS's shift
+   makes the result independent of that scale, except for what the FP32
+   rescaling itself underflows);
+2. Algorithm 1's exponents: each rank's ``max_exp`` of every low-precision
+   layer (parameter) of grad·p, one signed byte per layer, all layers in
+   one ``Allreduce(MAX)`` of ``int8``;
+3. each rank shifts its gradients by 2^(upper_exp − max_exp) and casts them
+   to the format (``fmt.quantize``): its payload;
+4. the payloads are exchanged with one ``Allgather`` (CPD's emulation,
+   §5.1.1: "we first ask each node to gather all data from other nodes using
+   MPI/NCCL with IEEE 754 float precision, and then accumulate these data
+   independently with a customized precision"; the values travel as FP32
+   holding format values, so the *bytes* on the wire here are FP32's; the
+   byte counts a real implementation would send are in
+   :mod:`~ada_loss.communication.cost`), and every rank accumulates them
+   in the format in the policy's order (ring / hierarchical, optional
+   Kahan), casts back, unshifts and multiplies by 1/p. All ranks run the
+   same arithmetic on the same data: their means are bit-identical, and
+   equal to the single-process simulator's
+   (:mod:`~ada_loss.communication.simulator`), which calls the same code;
+5. back in the sync: the mean is rounded once to the parameter's dtype and
+   ``param._loss_scale = α*``; ``UpdateRule`` unscales in FP32 as always.
+
+The finiteness check of ``DistributedMixedPrecisionUpdater`` runs *before*
+this reduction, on the local gradients; a low-precision sum that overflows
+(only possible without APS) reaches the update, as it would in a real
+system, and shows up as divergence. A layer reported non-finite through the
+exponent message becomes NaN.
+"""
+import numpy
+
+from ada_loss.communication.allreduce import StepReduction
+from ada_loss.communication.policy import CommPolicy
+from ada_loss.training.distributed import (
+    DistributedMixedPrecisionUpdater, LossScaleSyncCommunicator,
+    sync_loss_scales_and_mean)
+
+_F32 = numpy.float32
+
+
+class APSCommunicator(LossScaleSyncCommunicator):
+    """A ChainerMN communicator (wrapping ``comm``) whose gradient mean is
+    the low-precision all-reduce of ``policy`` (module docstring); every
+    other method is the wrapped communicator's.
+
+    Attributes:
+        epoch (float): the current epoch, for ``policy.fp32_epochs`` (the
+            hybrid schedule); :class:`APSDistributedUpdater` sets it.
+        last_max_exps (numpy.ndarray): the agreed exponent codes of the last
+            step (``int8``, one per low-precision layer).
+    """
+
+    def __init__(self, comm, policy):
+        super(APSCommunicator, self).__init__(comm)
+        if not isinstance(policy, CommPolicy):
+            raise TypeError('policy must be a CommPolicy')
+        policy.check(comm.size)
+        self.policy = policy
+        self.epoch = 0.0
+        self.last_max_exps = None
+
+    def multi_node_mean_grad(self, model, zero_fill=False):
+        """Loss-scale sync + APS low-precision mean (``zero_fill`` ignored:
+        unused parameters are always zero-filled, as in the sync)."""
+        sync_loss_scales_and_mean(model, self._comm.mpi_comm,
+                                  mean=self.mean_packed)
+
+    allreduce_grad = multi_node_mean_grad
+
+    def mean_packed(self, buf, names, sizes):
+        """The mean over the ranks of the packed gradients ``buf`` (this
+        rank's part), reduced as the policy says."""
+        from mpi4py import MPI
+        mpi = self._comm.mpi_comm
+        plan = StepReduction(self.policy, names, sizes, mpi.size, self.epoch)
+        buf32 = numpy.ascontiguousarray(buf, _F32)
+        local = plan.local_max_exps(buf32)
+        agreed = numpy.empty_like(local)
+        if plan.uses_exponents:
+            mpi.Allreduce(local, agreed, op=MPI.MAX)
+        self.last_max_exps = agreed
+        shift, bad = plan.shifts(agreed)
+        payload = numpy.ascontiguousarray(plan.encode(buf32, shift), _F32)
+        gathered = numpy.empty((mpi.size, plan.size), _F32)
+        mpi.Allgather(payload, gathered)
+        return plan.reduce(gathered, shift, bad).astype(buf.dtype, copy=False)
+
+
+def create_aps_multi_node_optimizer(optimizer, comm, policy):
+    """``chainermn.create_multi_node_optimizer`` with APS communication
+    (and the loss-scale sync)."""
+    import chainermn
+    return chainermn.create_multi_node_optimizer(
+        optimizer, APSCommunicator(comm, policy))
+
+
+def build_aps_optimizer(model, precision, train_cfg, comm, policy):
+    """:func:`ada_loss.experiment.run.build_optimizer` (MomentumSGD, FP32
+    master weights, weight-decay hooks) with APS communication."""
+    import chainer
+    from ada_loss.training import setup_optimizer
+    from ada_loss.training.hooks import add_weight_decay
+    opt = chainer.optimizers.MomentumSGD(lr=train_cfg['lr'],
+                                         momentum=train_cfg['momentum'])
+    opt = create_aps_multi_node_optimizer(opt, comm, policy)
+    setup_optimizer(opt, model, precision)
+    if train_cfg['weight_decay'] > 0:
+        add_weight_decay(model, train_cfg['weight_decay'])
+    return opt
+
+
+class APSDistributedUpdater(DistributedMixedPrecisionUpdater):
+    """The distributed updater that tells the APS communicator the epoch
+    (``iterator.epoch_detail`` before the step's batch is drawn; the same
+    convention as the simulator)."""
+
+    def update_core(self):
+        comm = self._optimizers['main'].communicator
+        comm.epoch = self._iterators['main'].epoch_detail
+        super(APSDistributedUpdater, self).update_core()

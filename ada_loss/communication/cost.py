@@ -1,0 +1,70 @@
+"""Communication cost of one gradient all-reduce (APS §3.3.3, §4.2, Table 2).
+
+Per worker and step, for a model with L layers (parameters) of n_l elements:
+
+* payload: Σ n_l · bits / 8 bytes (FP32: 4 bytes per value, FP16 2, an
+  8-bit format 1, a 4-bit format such as (3, 0) ½);
+* APS adds one all-reduce of one byte per layer (the exponents; Table 2:
+  "allreduce(8 bits) + allreduce(8L bits)"); layers kept in FP32 need none;
+* a ring all-reduce over p workers takes 2(p − 1) steps and sends
+  2(p − 1)/p of the message per worker; the hierarchical one with groups of
+  k takes 4(k − 1) + 2(p/k − 1) steps (§4.2).
+
+These are the byte counts a real implementation sends. The emulation in
+this package (:mod:`~ada_loss.communication.communicator`) gathers the
+format's values stored as FP32, as CPD does.
+"""
+from ada_loss.communication.summation import hierarchical_steps, ring_steps
+from ada_loss.formats import get_format
+
+
+def format_bits(fmt):
+    """Bits per value: 1 sign + exponent + mantissa bits."""
+    f = get_format(fmt)
+    return 1 + f.exp_bits + f.man_bits
+
+
+def message_bytes(sizes, fmt, aps=True, fp32_mask=None):
+    """``(exponent_bytes, payload_bytes)`` one worker contributes per step.
+
+    Args:
+        sizes (list of int): elements per layer (parameter).
+        fmt (str): the gradient format.
+        aps (bool): one exponent byte per low-precision layer.
+        fp32_mask (list of bool): layers kept in FP32 (4 bytes per value).
+    """
+    fp32_mask = fp32_mask or [False] * len(sizes)
+    bits = format_bits(fmt)
+    low = sum(n for n, keep in zip(sizes, fp32_mask) if not keep)
+    high = sum(n for n, keep in zip(sizes, fp32_mask) if keep)
+    payload = low * bits / 8.0 + high * 4
+    lp_layers = sum(1 for keep in fp32_mask if not keep)
+    exps = lp_layers if (aps and not get_format(fmt).is_float32) else 0
+    return exps, payload
+
+
+def cost_rows(sizes, formats, workers, group_sizes=(), fp32_mask=None):
+    """Rows of the cost table: one per (format, APS) and worker count.
+
+    Returns:
+        list of dict: format, aps, p, exponent bytes, payload bytes, total
+        message bytes, bytes sent per worker by a ring (2(p−1)/p × message),
+        ring steps, and ``steps_k<k>`` for each hierarchical group size.
+    """
+    rows = []
+    for fmt in formats:
+        f = get_format(fmt)
+        for aps in ((False,) if f.is_float32 else (True, False)):
+            exps, payload = message_bytes(sizes, fmt, aps, fp32_mask)
+            for p in workers:
+                row = {'format': f.name, 'bits': format_bits(fmt),
+                       'aps': aps, 'p': p, 'exponent_bytes': exps,
+                       'payload_bytes': payload,
+                       'message_bytes': exps + payload,
+                       'ring_sent_bytes': 2.0 * (p - 1) / p * (exps + payload),
+                       'ring_steps': ring_steps(p)}
+                for k in group_sizes:
+                    if p % k == 0 and 1 < k < p:
+                        row['steps_k{}'.format(k)] = hierarchical_steps(p, k)
+                rows.append(row)
+    return rows
