@@ -163,3 +163,43 @@ def test_snapshot_resumes_every_style_exactly(mode, tmp_path):
     rest = [False] * 7 + [True, False, True, True] + [False] * 4
     assert [sc2.state.update(o) for o in rest] == \
         [sc.state.update(o) for o in rest]
+
+
+@pytest.mark.parametrize('mode', [
+    'dynamic:init_scale=256,growth_interval=2',
+    'dynamic:style=chainer,interval=2',
+    'dynamic:style=tf,init_scale=256,incr_every_n_steps=2',
+])
+def test_interrupted_training_resumes_exactly(mode, tmp_path):
+    """12 steps with overflows (Inf inputs, and FP6 saturation) in one go,
+    or 5 steps, snapshot, a fresh updater loaded from it and 7 more: the
+    same scales, skipped steps and weights at every step."""
+    rng = np.random.RandomState(0)
+    xs = [np.full(4, 2.0 ** rng.randint(-8, -2), np.float32)
+          for _ in range(12)]
+    xs[3] = xs[3].copy()
+    xs[3][1] = np.inf
+    xs[8] = np.full(4, FP6.u_max, np.float32)   # saturates at any scale
+
+    def trace(up, net, sc, n):
+        out = []
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            for _ in range(n):
+                up.update()
+                out.append((sc.scale, up.skipped_steps,
+                            net.fc.W.array.copy()))
+        return out
+
+    whole = trace(*_updater(mode, xs, fmt=FP6), 12)
+    up, net, sc = _updater(mode, xs, fmt=FP6)
+    first = trace(up, net, sc, 5)
+    path = str(tmp_path / 'snap.npz')
+    chainer.serializers.save_npz(path, up)
+    up2, net2, sc2 = _updater(mode, xs, fmt=FP6)
+    chainer.serializers.load_npz(path, up2)
+    resumed = first + trace(up2, net2, sc2, 7)
+    assert [t[:2] for t in resumed] == [t[:2] for t in whole]
+    for a, b in zip(resumed, whole):
+        np.testing.assert_array_equal(a[2], b[2])
+    assert whole[-1][1] >= 2 and len({t[0] for t in whole}) > 2
