@@ -11,8 +11,10 @@ One step, for the gradients of ``p`` workers packed into flat FP32 buffers
    cast to the format (lines 5–7): the *payload*;
 4. the sum of the payloads accumulated in the format in the stated order
    (line 8; :mod:`~ada_loss.communication.summation`), cast back to FP32
-   (line 10, exact), unshift (line 11, exact), and × 1/p: the mean, as
-   ChainerMN's ``allreduce_grad`` (which averages) returns.
+   (line 10, exact), × 1/p in FP32, unshift (line 11, exact): the mean, as
+   ChainerMN's ``allreduce_grad`` (which averages) returns. (× 1/p before
+   the unshift is the same number barring under/overflow, and cannot
+   overflow where the FP32 sum of gradients near FP32's maximum would.)
 
 Layers kept in FP32 (policy) skip 1–3 and are summed in FP32 in the same
 order. Without APS (``aps=False``) step 3 is a plain cast, steps 1–2 vanish.
@@ -69,17 +71,18 @@ class StepReduction(object):
 
     # -- 1. per worker -----------------------------------------------------
     def local_max_exps(self, buffer):
-        """The worker's exponent message: ``int8``, one per low-precision
-        layer (empty without APS)."""
+        """The worker's exponent message: one byte (``uint8`` code, see
+        :mod:`~ada_loss.communication.exponents`) per low-precision layer
+        (empty without APS)."""
         if not self.uses_exponents:
-            return numpy.empty(0, numpy.int8)
+            return numpy.empty(0, X.CODE_DTYPE)
         return X.layer_max_exps(buffer, self.segments, self.n_workers)
 
     def stacked_max_exps(self, buffers):
         """``local_max_exps`` of every row of ``buffers`` (``(p, n)``),
         maximum over the rows: what the MAX all-reduce gives."""
         if not self.uses_exponents:
-            return numpy.empty(0, numpy.int8)
+            return numpy.empty(0, X.CODE_DTYPE)
         return X.stacked_layer_max_exps(buffers, self.segments,
                                         self.n_workers).max(axis=0)
 
@@ -92,7 +95,8 @@ class StepReduction(object):
         if self.uses_exponents:
             codes = numpy.asarray(global_max_exps)
             idx = numpy.flatnonzero(self.lp_layers)
-            layer_shift[idx] = X.shift_exponents(codes, self.policy.format)
+            layer_shift[idx] = X.shift_exponents(codes, self.policy.format,
+                                                  self.n_workers)
             bad[idx] = codes == X.NONFINITE
         return (numpy.repeat(layer_shift, self.sizes),
                 numpy.repeat(bad, self.sizes))
@@ -132,9 +136,13 @@ class StepReduction(object):
             cols = payloads if mask.all() else payloads[:, mask]
             total[mask] = low_precision_sum(cols, fmt, pol.order,
                                             pol.group_size, kahan)
+        # × 1/p before the unshift: the shifted sum is ≤ 2^upper_exp, so
+        # this cannot overflow even where the FP32 *sum* would (gradients
+        # near FP32's max); with no under/overflow it is the same number as
+        # unshifting first (powers of two commute with rounding)
+        total *= _F32(1.0 / p)
         if self.uses_exponents:
             total = numpy.ldexp(total, -shift).astype(_F32, copy=False)
-        total *= _F32(1.0 / p)
         if nonfinite is not None and nonfinite.any():
             total[nonfinite] = numpy.nan
         return total

@@ -12,8 +12,8 @@ What one ``multi_node_mean_grad`` (= ``allreduce_grad``) does, per step:
    makes the result independent of that scale, except for what the FP32
    rescaling itself underflows);
 2. Algorithm 1's exponents: each rank's ``max_exp`` of every low-precision
-   layer (parameter) of grad·p, one signed byte per layer, all layers in
-   one ``Allreduce(MAX)`` of ``int8``;
+   layer (parameter) of grad·p, one byte per layer, all layers in one
+   ``Allreduce(MAX)`` of ``uint8`` codes;
 3. each rank shifts its gradients by 2^(upper_exp − max_exp) and casts them
    to the format (``fmt.quantize``): its payload;
 4. the payloads are exchanged with one ``Allgather`` (CPD's emulation,
@@ -57,7 +57,7 @@ class APSCommunicator(LossScaleSyncCommunicator):
         epoch (float): the current epoch, for ``policy.fp32_epochs`` (the
             hybrid schedule); :class:`APSDistributedUpdater` sets it.
         last_max_exps (numpy.ndarray): the agreed exponent codes of the last
-            step (``int8``, one per low-precision layer).
+            step (``uint8`` codes, one per low-precision layer).
     """
 
     def __init__(self, comm, policy):

@@ -14,69 +14,93 @@ overflow (a value ≤ 2^emax rounds to at most 2^emax, which is finite).
 largest binade, which is the format's ``emax`` for IEEE-style formats; for
 OCP E4M3 (emax 8, max 448) ``fmt.emax`` is used, the same bound.
 
-The exponents of all layers travel in one message of one signed byte per
-layer (§3.3.3: "we only need to communicate 8 bits"), encoded as:
+The exponents of all layers travel in one message of **one byte per layer**
+(§3.3.3: "we only need to communicate 8 bits"), an unsigned byte so that the
+MAX all-reduce of the codes is the MAX of the exponents:
 
-* ``ZERO = −128``: the layer's gradient is all zeros on this worker (no
-  constraint; the maximum over workers ignores it);
-* ``NONFINITE = 127``: the gradient holds Inf/NaN, or N·|ĝ| ≥ 2^127, which a
-  byte cannot encode safely; the reduced layer becomes NaN, so a global
-  finiteness check sees it (as the FP32 sum of such values would);
-* otherwise ``max_exp`` clipped below at −127 (gradients under 2^−127 / N:
-  the shift is then smaller than it could be, which is safe).
+* ``ZERO = 0``: the layer's gradient is all zeros on this worker (no
+  constraint: the maximum over the workers ignores it);
+* ``NONFINITE = 255``: the gradient holds Inf/NaN; the reduced layer becomes
+  NaN, so a global finiteness check sees it (as the FP32 sum would);
+* otherwise ``1 + max_exp − low``. For finite FP32 gradients
+  ``max_exp ≤ high = 128 + ⌈log2 N⌉``, and ``low = high − 253``: the 254
+  codes cover every exponent that can occur except the tiniest; a
+  ``max_exp`` below ``low`` (N·|ĝ| < 2^−117 at N = 256) is sent as ``low``,
+  which only makes the shift smaller than it could be: safe.
 
-``max_exp`` is computed exactly in float64 from ``max |g|`` (monotone, so the
-maximum of ``⌈log2 |x|⌉`` is ``⌈log2 max |x|⌉``) with ``frexp``: one
-reduction over the gradient, no ``log2`` rounding.
+``max_exp`` is computed exactly in float64 from ``max |g|`` (⌈log2⌉ is
+monotone, so the maximum of ``⌈log2 |x|⌉`` is ``⌈log2 max |x|⌉``) with
+``frexp``: one reduction over the gradient, no ``log2`` rounding.
 """
 import numpy
 
-ZERO = -128
-NONFINITE = 127
-_LOW = -127
-_HIGH = 126
+ZERO = 0
+NONFINITE = 255
+CODE_DTYPE = numpy.uint8
 
 
 def ceil_log2(x):
     """``⌈log2 x⌉`` for a float ``x > 0``, exactly (via ``frexp``)."""
-    mant, exp = numpy.frexp(numpy.float64(x))   # x = mant · 2^exp, mant in [0.5, 1)
+    mant, exp = numpy.frexp(numpy.float64(x))   # x = mant · 2^exp, 0.5 <= mant < 1
     return int(exp) - 1 if mant == 0.5 else int(exp)
 
 
-def find_max_exp(grad, world_size=1):
-    """Algorithm 1's FINDMAXEXP(grad · world_size), encoded in one byte
-    (module docstring): an ``int`` in [−128, 127]."""
-    grad = numpy.asarray(grad)
-    if grad.size == 0:
-        return ZERO
-    return code_of_max(numpy.abs(grad).max(), world_size)
+def exponent_range(world_size):
+    """``(low, high)``: the exponents one byte encodes for N workers."""
+    high = 128 + ceil_log2(max(int(world_size), 1)) if world_size > 1 \
+        else 128
+    return high - 253, high
+
+
+def max_exp(top, world_size):
+    """FINDMAXEXP for a layer whose largest magnitude is ``top > 0``:
+    ``⌈log2(top · N)⌉`` (exact: float64 product of a float32 and an int)."""
+    return ceil_log2(numpy.float64(top) * world_size)
 
 
 def code_of_max(top, world_size):
-    """The one-byte code of a layer whose largest magnitude is ``top``."""
+    """The byte that encodes FINDMAXEXP of a layer with ``max |g| = top``."""
     if not numpy.isfinite(top):
         return NONFINITE
     if top == 0:
         return ZERO
-    e = ceil_log2(numpy.float64(top) * world_size)
-    if e > _HIGH:
-        return NONFINITE
-    return max(e, _LOW)
+    low, high = exponent_range(world_size)
+    return 1 + max(max_exp(top, world_size), low) - low
+
+
+def decode(codes, world_size):
+    """``max_exp`` per code (int32; meaningless for ZERO / NONFINITE)."""
+    low, _ = exponent_range(world_size)
+    return numpy.asarray(codes, numpy.int32) - 1 + low
+
+
+def find_max_exp(grad, world_size=1):
+    """Algorithm 1's FINDMAXEXP(grad · world_size): ``⌈log2 |x|⌉`` maximized
+    over the non-zero elements of ``grad · world_size``; ``None`` for an
+    all-zero gradient, ``inf`` if it holds Inf/NaN."""
+    grad = numpy.asarray(grad)
+    top = numpy.abs(grad).max() if grad.size else 0
+    if not numpy.isfinite(top):
+        return float('inf')
+    if top == 0:
+        return None
+    return max_exp(top, world_size)
 
 
 def layer_max_exps(buffer, segments, world_size):
-    """The one-byte message of a worker: ``find_max_exp`` of each segment
-    ``(offset, size)`` of the flat ``buffer``, as an ``int8`` vector."""
-    out = numpy.empty(len(segments), numpy.int8)
+    """The one-byte message of a worker: the code of each segment
+    ``(offset, size)`` of the flat ``buffer`` (``uint8`` vector)."""
+    out = numpy.empty(len(segments), CODE_DTYPE)
     for i, (offset, size) in enumerate(segments):
-        out[i] = find_max_exp(buffer[offset:offset + size], world_size)
+        top = numpy.abs(buffer[offset:offset + size]).max() if size else 0
+        out[i] = code_of_max(top, world_size)
     return out
 
 
 def stacked_layer_max_exps(buffers, segments, world_size):
     """``layer_max_exps`` of every row of ``buffers`` (``(p, n)``) at once:
-    ``int8`` array ``(p, layers)``."""
-    out = numpy.empty((buffers.shape[0], len(segments)), numpy.int8)
+    ``uint8`` array ``(p, layers)``."""
+    out = numpy.empty((buffers.shape[0], len(segments)), CODE_DTYPE)
     for i, (offset, size) in enumerate(segments):
         if size == 0:
             out[:, i] = ZERO
@@ -91,14 +115,14 @@ def upper_exp(fmt):
     return int(fmt.emax)
 
 
-def shift_exponents(global_max_exps, fmt):
+def shift_exponents(global_codes, fmt, world_size):
     """``factor_exp = upper_exp − max_exp`` per layer from the agreed
     (all-reduced, MAX) codes; 0 for an all-zero or non-finite layer.
 
     Returns:
         numpy.ndarray: ``int32`` shifts, one per layer.
     """
-    codes = numpy.asarray(global_max_exps, numpy.int32)
-    shifts = upper_exp(fmt) - codes
+    codes = numpy.asarray(global_codes)
+    shifts = upper_exp(fmt) - decode(codes, world_size)
     shifts[(codes == ZERO) | (codes == NONFINITE)] = 0
-    return shifts
+    return shifts.astype(numpy.int32)

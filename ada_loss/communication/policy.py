@@ -53,8 +53,8 @@ class CommPolicy(object):
         self.fp32_epochs = fp32_epochs
         if order == 'hierarchical':
             if self.group_size is None or self.group_size < 1:
-                raise ValueError("order='hierarchical' needs a positive "
-                                 "group_size, got {!r}".format(group_size))
+                raise ValueError("order='hierarchical' needs group_size, a "
+                                 "positive integer; got {!r}".format(group_size))
 
     def check(self, n_workers):
         """Raises ValueError if ``n_workers`` cannot use this policy (not

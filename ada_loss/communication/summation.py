@@ -97,13 +97,15 @@ class _Accumulator(object):
         return x if self.exact else self.fmt.quantize(x)
 
     def add(self, x):
-        if self.c is None:
-            self.s = self.q(self.s + x)
-            return
-        y = self.q(x - self.c)
-        t = self.q(self.s + y)
-        self.c = self.q(self.q(t - self.s) - y)
-        self.s = t
+        # Inf − Inf = NaN is the emulated overflow (without APS), not a bug
+        with numpy.errstate(invalid='ignore', over='ignore'):
+            if self.c is None:
+                self.s = self.q(self.s + x)
+                return
+            y = self.q(x - self.c)
+            t = self.q(self.s + y)
+            self.c = self.q(self.q(t - self.s) - y)
+            self.s = t
 
 
 def ring_sum(values, fmt, kahan=False):
