@@ -1,6 +1,7 @@
-"""Run under ``mpiexec -n 2`` by test_mpi_simulator.py: trains a few steps
+"""Run under ``mpiexec -n P`` by test_mpi_simulator.py: trains a few steps
 with the APS ChainerMN communicator, then (rank 0) the same steps with the
-single-process simulator of 2 workers, and prints one ``RESULT`` JSON line.
+single-process simulator of P workers, and prints one ``RESULT`` JSON line.
+Arguments: the case names (default: all).
 
 Each case: (loss-scaling mode, precision, CommPolicy options). Rank r's
 iterator yields shard r of every global batch, which is what the simulator
@@ -36,6 +37,10 @@ CASES = {
     'fp32_e3m0_hier_fc32': ('fp32', 'float32', 'small_cnn',
                             dict(fmt='e3m0', order='hierarchical',
                                  group_size=2, fp32_layers=['*/fc/*'])),
+    'dynamic_e4m3_hier_kahan': ('dynamic:init_scale=1024', 'mixed16',
+                                'small_cnn',
+                                dict(fmt='e4m3', order='hierarchical',
+                                     group_size=2, kahan=True)),
 }
 
 
@@ -97,9 +102,10 @@ def run_case(comm, train, mode, precision, model_name, options):
     def maxdiff(a, b):
         return max(float(numpy.abs(a[k].astype(numpy.float64) - b[k]).max())
                    for k in a)
-    return {'ranks_identical': all(numpy.array_equal(gathered[0][k],
-                                                     gathered[1][k])
-                                   for k in gathered[0]),
+    return {'ranks': n,
+            'ranks_identical': all(numpy.array_equal(gathered[0][k],
+                                                     gathered[r][k])
+                                   for r in range(1, n) for k in gathered[0]),
             'sim_identical': all(numpy.array_equal(sim[k], gathered[r][k])
                                  for r in range(n) for k in sim),
             'keys': len(sim), 'sim_vs_mpi': maxdiff(sim, gathered[0]),

@@ -1,5 +1,5 @@
-"""The N-worker simulator equals a real 2-process ChainerMN run, bit for bit
-(``mpiexec -n 2``, ``naive`` communicator, CPU).
+"""The N-worker simulator equals a real ChainerMN run, bit for bit
+(``mpiexec -n 2`` and ``-n 4``, ``naive`` communicator, CPU).
 
 Skipped only when mpiexec or mpi4py is missing (``./scripts/install.sh mpi``).
 """
@@ -29,12 +29,12 @@ def _mpiexec():
 MPIEXEC = _mpiexec()
 
 
-@pytest.fixture(scope='module')
-def result():
+def mpirun(n, cases=()):
     if MPIEXEC is None:
         pytest.skip('mpiexec/mpi4py not installed (./scripts/install.sh mpi)')
-    cmd = [MPIEXEC, '--allow-run-as-root', '--oversubscribe', '-n', '2',
-           sys.executable, os.path.join(HERE, 'mpi_aps_worker.py')]
+    cmd = [MPIEXEC, '--allow-run-as-root', '--oversubscribe', '-n', str(n),
+           sys.executable, os.path.join(HERE, 'mpi_aps_worker.py')] + \
+        list(cases)
     env = dict(os.environ, OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1')
     proc = subprocess.run(cmd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, universal_newlines=True,
@@ -42,6 +42,12 @@ def result():
     assert proc.returncode == 0, proc.stdout[-4000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT ')][-1]
     return json.loads(line[len('RESULT '):])
+
+
+@pytest.fixture(scope='module')
+def result():
+    return mpirun(2, ['adaptive_e5m2_kahan', 'fixed_e4m3_noaps',
+                      'fp32_e3m0_hier_fc32'])
 
 
 @pytest.mark.parametrize('case', ['adaptive_e5m2_kahan', 'fixed_e4m3_noaps',
@@ -54,8 +60,21 @@ def test_simulator_equals_two_process_chainermn(result, case):
     with e4m3 without APS; fp32 with e3m0, hierarchical order and the
     classifier kept in FP32. The low-precision result differs from FP32
     communication (so the comparison is not vacuous)."""
-    r = result[case]
+    check(result[case])
+
+
+def check(r):
     assert r['iterations'] == 4 and r['skipped'] == 0
     assert r['ranks_identical']
     assert r['sim_identical'] and r['sim_vs_mpi'] == 0.0
     assert r['lowp_vs_fp32'] > 0
+
+
+def test_simulator_equals_four_process_chainermn():
+    """The same with 4 ranks (hierarchical all-reduce, groups of 2): dynamic
+    loss scaling in mixed16 with e4m3 + Kahan, and fp32 with e3m0 and the
+    classifier in FP32."""
+    result = mpirun(4, ['dynamic_e4m3_hier_kahan', 'fp32_e3m0_hier_fc32'])
+    for case, r in result.items():
+        assert r['ranks'] == 4
+        check(r)
