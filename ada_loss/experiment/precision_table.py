@@ -4,7 +4,8 @@ One row per (precision, dataset, model); columns None | Fixed (best) |
 Fixed (worst) | Dynamic | Adaptive | Adaptive (paper bound) | Amax — each
 shown only when such runs exist. A cell is the mean ± sample standard
 deviation over seeds of the final test accuracy (%), with the mean number of
-skipped (overflowing) steps per run; ``diverged`` as in Table 1. "Adaptive"
+skipped (overflowing) steps per run where there were any; ``diverged`` as
+in Table 1. "Adaptive"
 is the mode with the default overflow bound (``bound=output``), "Adaptive
 (paper bound)" ``adaptive:bound=product`` (§3.2.3 as written).
 """
@@ -12,7 +13,8 @@ import collections
 
 from ada_loss.experiment.tables import CellStats, Table, _fixed_extremes
 from ada_loss.experiment.tables import DATASET_LABELS
-from ada_loss.training.precision import PRECISIONS
+#: row order: widest to narrowest gradient format
+ROW_ORDER = ('float32', 'mixed16', 'bf16', 'fp8_e5m2', 'fp8_e4m3', 'fp8')
 
 COLUMNS = ('None', 'Fixed (best)', 'Fixed (worst)', 'Dynamic', 'Adaptive',
            'Adaptive (paper bound)', 'Amax')
@@ -27,8 +29,7 @@ def _column(run):
 
 
 def _precision_order(p):
-    return (PRECISIONS.index(p), p) if p in PRECISIONS else (len(PRECISIONS),
-                                                             p)
+    return (ROW_ORDER.index(p), p) if p in ROW_ORDER else (len(ROW_ORDER), p)
 
 
 def skipped_note(stats):
@@ -36,7 +37,7 @@ def skipped_note(stats):
     if not runs:
         return ''
     mean = sum(r['skipped_steps'] for r in runs) / float(len(runs))
-    return ' [{:g} skipped]'.format(round(mean, 1))
+    return ' [{:g} skipped]'.format(round(mean, 1)) if mean else ''
 
 
 def precision_table(runs):
@@ -71,8 +72,9 @@ def precision_table(runs):
         rows.append([key[0], DATASET_LABELS.get(key[1], key[1]), key[2]]
                     + texts)
     footer = ('{} runs; final test accuracy (%), mean ± sample std over '
-              'seeds; [k skipped] = mean overflowing steps skipped per run; '
-              '"diverged" = all seeds diverged.'.format(len(runs)))
+              'seeds; [k skipped] = mean overflowing steps skipped per run '
+              '(none where not shown); "diverged" = all seeds diverged.'
+              .format(len(runs)))
     return Table('Loss scaling across precisions: final test accuracy (%)',
                  ['Precision', 'Dataset', 'Model'] + columns, rows, cells,
                  footer)
