@@ -32,6 +32,7 @@ after each change; ``None`` keeps the source's own bound). The arithmetic is
 the source's: Python floats for Chainer, float32 for PyTorch and TF, so the
 trajectories match step for step.
 """
+import inspect
 import math
 
 import numpy
@@ -287,7 +288,6 @@ _CLASSES = {'pytorch': DynamicLossScale, 'chainer': ChainerLossScale,
 
 def style_options(style):
     """The option names a style accepts, in signature order."""
-    import inspect
     cls = _CLASSES[check_style(style)]
     return [p for p in inspect.signature(cls.__init__).parameters
             if p != 'self']
@@ -303,7 +303,6 @@ _SOURCES = {
 def describe_styles():
     """One line per style: the mode string, its source, and its options
     with their defaults (read from the signatures, for ``--help-config``)."""
-    import inspect
     lines = []
     for style in STYLES:
         params = inspect.signature(_CLASSES[style].__init__).parameters
