@@ -1,4 +1,4 @@
-"""Small shared helpers of the tests in tests/substrate (tiny real models on
+"""Small shared helpers of the training/scaling tests (tiny real models on
 scikit-learn's digits; no mocks)."""
 import functools
 

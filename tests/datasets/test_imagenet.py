@@ -3,7 +3,7 @@ import os
 import numpy
 import pytest
 
-import issue5_fixtures as fixtures
+import ondisk_fixtures as fixtures
 from ada_loss.datasets import DatasetFormatError, DatasetNotFoundError
 from ada_loss.datasets.imagenet import (
     ImageNetEvalTransform, ImageNetTrainTransform, get_imagenet,
