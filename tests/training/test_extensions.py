@@ -40,14 +40,14 @@ def one_update(mode, weight_decay, chainer_hook=False):
 
 def test_weight_decay_does_not_depend_on_loss_scale():
     """BN's γ (an FP32 parameter in mixed16) gets the same update at loss
-    scales 2^7 and 2^16. Chainer's WeightDecay, as an update-rule hook,
-    multiplies its rate by the loss scale (here: 1e-2 * 65536)."""
+    scales 2^7 and 2^15. Chainer's WeightDecay, as an update-rule hook,
+    multiplies its rate by the loss scale (here: 1e-2 * 32768)."""
     a = one_update('fixed:128', 1e-2)
-    b = one_update('fixed:65536', 1e-2)
+    b = one_update('fixed:32768', 1e-2)
     for k in a:
         numpy.testing.assert_allclose(a[k], b[k], rtol=1e-3, atol=1e-6,
                                       err_msg=k)
-    wrong = one_update('fixed:65536', 1e-2, chainer_hook=True)
+    wrong = one_update('fixed:32768', 1e-2, chainer_hook=True)
     gamma = '/predictor/bn1/gamma'
     assert numpy.abs(wrong[gamma] - b[gamma]).max() > 10 * numpy.abs(
         b[gamma]).max()
