@@ -309,6 +309,7 @@ def run_table4_cell(cfg, cell, data):
     from ada_loss.communication.simulator import SimulatedDataParallelUpdater
     from ada_loss.experiment.run import build_optimizer
     from ada_loss.scaling import make_loss_scaling, resolve_precision
+    from ada_loss.scaling.methods import NonFiniteGradientError
     fmt, aps, seed = cell
     train_cfg, sim = cfg['train'], cfg['sim']
     train, test, info = data
@@ -329,8 +330,12 @@ def run_table4_cell(cfg, cell, data):
     diverged, losses = None, []
     while it.epoch_detail < train_cfg['epochs']:
         opt.lr = _lr_at(train_cfg, it.epoch_detail)
-        with numpy.errstate(all='ignore'):
-            up.update()
+        try:
+            with numpy.errstate(all='ignore'):
+                up.update()
+        except NonFiniteGradientError as e:     # modes that cannot skip
+            diverged = str(e).split('. ')[0]
+            break
         losses.append(up.last_loss)
         if not math.isfinite(up.last_loss) or not all(
                 bool(numpy.isfinite(p.array).all()) for p in model.params()):
