@@ -124,8 +124,8 @@ def test_resolve_precision(mode, dtype, want):
     ('adaptive:bogus=1', ['bogus', 'init_scale, t_uf, update_interval, fmt']),
     ('adaptive:t_uf', ['key=value', 't_uf']),
     ('adaptive:verbose=1', ['verbose', 'max_accum_scale']),
-    ('dynamic:min_scale=1',
-     ['init_scale, growth_factor, backoff_factor, growth_interval']),
+    ('dynamic:min_scal=1',
+     ['style, init_scale, growth_factor, backoff_factor, growth_interval']),
 ])
 def test_parse_mode_rejects(mode, needles):
     with pytest.raises(ValueError) as info:

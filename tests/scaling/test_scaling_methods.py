@@ -292,10 +292,13 @@ def test_dynamic_loss_scale_clamps():
                          max_scale=16)
     assert [s.update(False) for _ in range(4)] == [8, 16, 16, 16]
     assert [s.update(True) for _ in range(6)] == [8, 4, 2, 1, 1, 1]
+    # no clamp by default, as PyTorch's GradScaler: only float32's range
     d = DynamicLossScale(init_scale=2.0 ** 24, growth_interval=1)
-    assert d.update(False) == 2.0 ** 24  # default max 2^24
+    assert d.update(False) == 2.0 ** 25
+    d = DynamicLossScale(init_scale=2.0 ** 127, growth_interval=1)
+    assert d.update(False) == 2.0 ** 127   # 2^128 is not finite in float32
     d = DynamicLossScale(init_scale=2.0 ** -24)
-    assert d.update(True) == 2.0 ** -24  # default min 2^-24
+    assert d.update(True) == 2.0 ** -25
 
 
 @pytest.mark.parametrize('kwargs, match', [
