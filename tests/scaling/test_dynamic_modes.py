@@ -74,3 +74,26 @@ def test_unknown_key_rejected_by_the_parser():
         parse_mode('dynamic:stlye=chainer')
     assert 'style, init_scale' in str(info.value)
     assert 'decr_every_n_nan_or_inf' in str(info.value)
+
+
+@pytest.mark.parametrize('name', ['table1', 'table2_imagenet', 'table3_ssd',
+                                  'mini'])
+def test_reproduction_configs_run_the_papers_dynamic_style(name):
+    """The paper's "Dynamic" is Chainer's own dynamic loss scaling; every
+    reproduction config that has a dynamic column runs that style (Table 5
+    extends Table 3's config and has none)."""
+    import os
+    import yaml
+    root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    with open(os.path.join(root, 'configs', name + '.yaml')) as f:
+        modes = yaml.safe_load(f)['grid']['modes']
+    dynamic = [m for m in modes if parse_mode(m).name == 'dynamic']
+    assert dynamic, modes
+    for mode in dynamic:
+        assert make_loss_scaling(mode).style == 'chainer', mode
+    with open(os.path.join(root, 'configs', 'table5_ssd.yaml')) as f:
+        table5 = yaml.safe_load(f)
+    assert table5['extends'] == 'table3_ssd.yaml'
+    assert not any(parse_mode(m).name == 'dynamic'
+                   for m in table5['grid']['modes'])
