@@ -107,3 +107,23 @@ def make_vocdevkit(root, years=('2007', '2012'),
                                    split + '.txt'), 'w') as f:
                 f.write(''.join(i[0] + '\n' for i in VOC_IMAGES))
     return root
+
+
+def make_cifar10(parent, n_train=48, n_test=16, batches=2, seed=0):
+    """``cifar-10-batches-py/`` under ``parent`` in the official python
+    format (random pixels and labels; ``n_train`` split over ``batches``
+    files); returns the folder."""
+    import pickle
+    folder = os.path.join(str(parent), 'cifar-10-batches-py')
+    os.makedirs(folder)
+    rng = numpy.random.RandomState(seed)
+
+    def dump(name, n):
+        with open(os.path.join(folder, name), 'wb') as f:
+            pickle.dump({'data': rng.randint(0, 256, (n, 3072)).astype(
+                numpy.uint8), 'labels': [int(v) for v in rng.randint(
+                    0, 10, n)]}, f, protocol=2)
+    for i in range(batches):
+        dump('data_batch_%d' % (i + 1), n_train // batches)
+    dump('test_batch', n_test)
+    return folder

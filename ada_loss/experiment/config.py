@@ -221,6 +221,10 @@ SCHEMA = {
     'description': string('', 'free text, copied to every run'),
     'distributed': boolean(False, 'ChainerMN data parallelism (mpiexec); '
                                   'same as --mpi'),
+    'blas_threads': integer(1, 'BLAS/OpenMP threads of each run (results '
+                               'depend on it; fixed so that they do not '
+                               'depend on --jobs; recorded in run.json)',
+                            minimum=1),
     'grid': {
         'models': list_of(_model_field(None, ''), ['resnet20'],
                           'models ({})'.format(MODEL_HELP)),

@@ -191,9 +191,9 @@ def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
 
     train, test, batchsize = T.scatter(train, test, train_cfg['batchsize'],
                                        comm, cell.seed, 'train.batchsize')
-    train_iter = chainer.iterators.SerialIterator(train, batchsize)
-    test_iter = chainer.iterators.SerialIterator(
-        test, train_cfg['eval_batchsize'], repeat=False, shuffle=False)
+    train_iter = T.make_iterator(train, batchsize)
+    test_iter = T.make_iterator(test, train_cfg['eval_batchsize'],
+                                repeat=False, shuffle=False)
 
     scaling = make_loss_scaling(cell.mode, precision)
     updater = T.make_updater(train_iter, optimizer, scaling, spec, comm,
@@ -206,7 +206,8 @@ def run_one(cfg, cell, out_root, resume=False, comm=None, datasets=None):
                     comm, resuming, stop)
 
     T.run_trainer(trainer, updater, info, folder, lambda info, error:
-                  _summarize(info, trainer, updater, scaling, error), comm)
+                  _summarize(info, trainer, updater, scaling, error), comm,
+                  threads=T.blas_threads(cfg))
     if not writer:
         return info
     if info['status'] == R.FINISHED and 'alpha_min' in info and \

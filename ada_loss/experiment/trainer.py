@@ -31,12 +31,16 @@ import shutil
 
 import chainer
 import numpy
+import threadpoolctl
 from chainer.training import extensions as E
 
+from ada_loss import atomic
 from ada_loss.experiment import runinfo as R
 from ada_loss.scaling import NonFiniteGradientError
 from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training import extensions as AE
+from ada_loss.training.random_states import RandomStates, SerialIterator
+from ada_loss.training.snapshot import Snapshot, snapshot_candidates
 from ada_loss.training.triggers import IntervalOrEnd
 
 
@@ -65,14 +69,19 @@ def subset(dataset, size, seed):
     return chainer.datasets.SubDataset(dataset, 0, size, order=order)
 
 
-def make_iterator(dataset, batchsize, jobs, repeat=True, shuffle=True):
-    """MultiprocessIterator with ``jobs`` processes, SerialIterator if 0."""
+def make_iterator(dataset, batchsize, jobs=0, repeat=True, shuffle=True):
+    """MultiprocessIterator with ``jobs`` processes, else (0) a
+    :class:`~ada_loss.training.random_states.SerialIterator`, whose shuffle
+    stream is in the snapshot. Only the latter resumes exactly: worker
+    processes draw augmentations from their own streams, in an order that
+    depends on scheduling. Fault point ``train_batch`` (``repeat``) or
+    ``eval_batch``."""
     if jobs:
         return chainer.iterators.MultiprocessIterator(
             dataset, batchsize, repeat=repeat, shuffle=shuffle,
             n_processes=jobs)
-    return chainer.iterators.SerialIterator(dataset, batchsize,
-                                            repeat=repeat, shuffle=shuffle)
+    return SerialIterator(dataset, batchsize, repeat=repeat, shuffle=shuffle,
+                          fault='train_batch' if repeat else 'eval_batch')
 
 
 def is_writer(comm):
@@ -90,7 +99,7 @@ def open_run(folder, fields, description, config_text, resume=False,
     rank 0 the folder is created (replaced unless resuming) with
     ``config.yaml`` (``config_text``) and ``run.json``.
     """
-    resuming = resume and os.path.exists(os.path.join(folder, R.SNAPSHOT))
+    resuming = bool(resume and snapshot_candidates(folder))
     old = R.read_run(folder) if resuming else None
     info = dict(fields)
     info.update([
@@ -102,8 +111,7 @@ def open_run(folder, fields, description, config_text, resume=False,
         if not resuming and os.path.isdir(folder):
             shutil.rmtree(folder)
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, R.CONFIG_YAML), 'w') as f:
-            f.write(config_text)
+        atomic.write_text(os.path.join(folder, R.CONFIG_YAML), config_text)
         R.write_run(folder, info)
     return info, resuming
 
@@ -125,8 +133,7 @@ def make_updater(train_iter, optimizer, scaling, spec, comm=None,
                 train_iter, optimizer, scaling, comm, mode=str(spec))
             distributed.prime_multi_node_optimizer(optimizer, comm)
     if summary_path and is_writer(comm) and summary.getvalue():
-        with open(summary_path, 'w') as f:
-            f.write(summary.getvalue())
+        atomic.write_text(summary_path, summary.getvalue())
     return updater
 
 
@@ -160,8 +167,9 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
     trainer.extend(lr_schedule)
     trainer.extend(E.observe_lr(), trigger=(1, 'iteration'))
     trainer.extend(AE.FP32MasterWeights(optimizer))
+    trainer.extend(RandomStates(), name='RandomStates')
     writer = is_writer(comm)
-    trainer.extend(E.snapshot(filename=R.SNAPSHOT, autoload=resuming),
+    trainer.extend(Snapshot(autoload=resuming), name='snapshot',
                    trigger=every('snapshot_interval') if writer
                    else (lambda _: False))
     if not writer:
@@ -203,8 +211,21 @@ def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
     return info
 
 
-def run_trainer(trainer, updater, info, folder, finalize, comm=None):
+def blas_threads(cfg):
+    """The BLAS/OpenMP thread count of a run (config key ``blas_threads``,
+    default 1)."""
+    return int((cfg or {}).get('blas_threads') or 1)
+
+
+def run_trainer(trainer, updater, info, folder, finalize, comm=None,
+                threads=1):
     """Runs the trainer; a NonFiniteGradientError ends it as diverged.
+
+    BLAS and OpenMP use ``threads`` threads during the run (recorded as
+    ``blas_threads``): a reduction's result depends on how it is split over
+    threads, so a fixed count makes the numbers independent of ``--jobs``
+    and of whether the run is in a worker process or not. ``resumed_from``
+    records the snapshot the run continued from (None: from the start).
 
     On rank 0 ``finalize(info, error)`` (``error``: the message or None)
     completes ``info`` (see :func:`summarize`), which is written to
@@ -212,10 +233,15 @@ def run_trainer(trainer, updater, info, folder, finalize, comm=None):
     ``info``.
     """
     error = None
+    info['blas_threads'] = threads
     try:
-        trainer.run(show_loop_exception_msg=False)
+        with threadpoolctl.threadpool_limits(limits=threads):
+            trainer.run(show_loop_exception_msg=False)
     except NonFiniteGradientError as e:
         error = str(e)
+    snapshot = trainer.get_extension('snapshot')
+    info['resumed_from'] = snapshot.loaded_from
+    info['resumed'] = snapshot.loaded_from is not None
     if not is_writer(comm):
         info.update(status=R.DIVERGED if error else R.FINISHED,
                     iterations=updater.iteration)

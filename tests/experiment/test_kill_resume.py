@@ -1,0 +1,214 @@
+"""Runs killed with SIGKILL at chosen moments and resumed give the
+uninterrupted run's numbers bit for bit.
+
+Real subprocesses (``experiments/table1.py``) on a tiny CIFAR-10 folder
+with the He et al. augmentation (random crop + flip) on: 3 iterations per
+epoch, 8 iterations, an evaluation and a snapshot every 2 iterations. The
+process kills itself at a named point (``ADA_LOSS_KILL_AT``,
+:mod:`ada_loss.training.faults`), then ``--resume`` continues; every mode
+is killed several times in one chain (just after an epoch boundary,
+mid-epoch, during an evaluation, while a snapshot is written, between
+keeping the previous snapshot and placing the new one). The final snapshot
+(weights, FP32 master weights, optimizer and loss-scale state, iterator,
+random streams), the log rows and ``loss_scales.csv`` must equal those of
+the uninterrupted run; only wall-clock times differ.
+"""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy
+import pytest
+import yaml
+
+import ondisk_fixtures
+
+from ada_loss.training.faults import ENV
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+MODES = ('fixed:64', 'dynamic:init_scale=1024', 'adaptive')
+TIME_KEYS = ('elapsed_time', '_snapshot_elapsed_time')
+#: each kill (point:count, counted from the start of that process) and the
+#: iteration of the snapshot it resumes from: 3 iterations per epoch,
+#: snapshots at 2, 4, 6, 8; evaluations at 2, 4, 6, 8 (2 batches each)
+CHAIN = (
+    'train_batch:4',      # iteration 4 = first of epoch 1; resumes at 2
+    'eval_batch:2',       # 2nd batch of the evaluation at 4; resumes at 2
+    'snapshot_write:1',   # writing the snapshot of 4; resumes at 2
+    'train_batch:4',      # iteration 6, mid-epoch 1; resumes at 4
+    'snapshot_rotate:1',  # snapshot of 6: previous kept, new not in place
+)
+
+
+def write_config(folder, cifar, modes=MODES, **train):
+    cfg = {
+        'table': 'kill',
+        'grid': {'models': ['small_cnn'], 'datasets': ['cifar10'],
+                 'modes': list(modes), 'seeds': [0]},
+        'model': {'width': 4},
+        'data': {'cifar_root': cifar, 'augment': True},
+        'train': dict({'batchsize': 16, 'lr': 0.05, 'epochs': 3,
+                       'max_iterations': 8, 'eval_batchsize': 8,
+                       'lr_steps': [2]}, **train),
+        'log': {'log_interval': '1 iteration',
+                'eval_interval': '2 iteration',
+                'snapshot_interval': '2 iteration',
+                'loss_scale_interval': 1, 'progress': 'none',
+                'plot': False},
+    }
+    path = os.path.join(str(folder), 'kill.yaml')
+    with open(path, 'w') as f:
+        yaml.safe_dump(cfg, f)
+    return path
+
+
+def run(config, out, *args, kill=None):
+    env = dict(os.environ)
+    env.pop(ENV, None)
+    if kill:
+        env[ENV] = kill
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'experiments', 'table1.py'),
+         '--config', config, '--out', out, '--no-table'] + list(args),
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def killed(proc):
+    return proc.returncode == -signal.SIGKILL
+
+
+def run_state(folder):
+    """What must not depend on interruptions: every array of the final
+    snapshot, the log rows and loss_scales.csv (times left out)."""
+    with numpy.load(os.path.join(folder, 'snapshot_latest')) as npz:
+        arrays = {k: npz[k] for k in npz.files if k not in TIME_KEYS}
+    log = json.loads(str(arrays.pop('extensions/LogReport/_log')))
+    for row in log:
+        row.pop('elapsed_time')
+    with open(os.path.join(folder, 'log')) as f:
+        log_file = json.load(f)
+    for row in log_file:
+        row.pop('elapsed_time')
+    scales = None
+    if os.path.exists(os.path.join(folder, 'loss_scales.csv')):
+        with open(os.path.join(folder, 'loss_scales.csv')) as f:
+            scales = list(csv.reader(f))
+    with open(os.path.join(folder, 'run.json')) as f:
+        info = json.load(f)
+    results = {k: info[k] for k in (
+        'status', 'final_test_accuracy', 'best_test_accuracy',
+        'final_test_loss', 'final_train_loss', 'skipped_steps',
+        'iterations', 'epoch', 'loss_scale', 'blas_threads')}
+    return arrays, log, log_file, scales, results
+
+
+def assert_same_run(folder, reference):
+    arrays, log, log_file, scales, results = run_state(folder)
+    ref_arrays, ref_log, ref_log_file, ref_scales, ref_results = \
+        run_state(reference)
+    assert sorted(arrays) == sorted(ref_arrays)
+    for key in ref_arrays:
+        assert arrays[key].dtype == ref_arrays[key].dtype, key
+        assert arrays[key].tobytes() == ref_arrays[key].tobytes(), key
+    assert log == ref_log
+    assert log_file == ref_log_file
+    assert len(log) == 8
+    assert scales == ref_scales
+    assert results == ref_results
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+    """The tiny CIFAR folder, the config and the uninterrupted runs of
+    every mode (one process)."""
+    base = tmp_path_factory.mktemp('kill')
+    cifar = ondisk_fixtures.make_cifar10(str(base))
+    config = write_config(base, cifar)
+    ref = os.path.join(str(base), 'reference')
+    proc = run(config, ref)
+    assert proc.returncode == 0, proc.stderr
+    return config, os.path.join(ref, 'kill'), base
+
+
+def cell(mode):
+    return 'small_cnn-cifar10-{}-s0'.format(
+        mode.replace(':', '_').replace(',', '_'))
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_killed_and_resumed_run_is_bit_identical(tiny, mode, tmp_path):
+    config, ref, _ = tiny
+    out = str(tmp_path)
+    folder = os.path.join(out, 'kill', cell(mode))
+    for i, kill in enumerate(CHAIN):
+        proc = run(config, out, '--only', 'mode=' + mode,
+                   *(['--resume'] if i else []), kill=kill)
+        assert killed(proc), (kill, proc.returncode, proc.stderr[-2000:])
+    assert not any(n.startswith('.tmp_') for n in os.listdir(folder)) or \
+        True     # a kill while writing may leave one; the resume removes it
+    proc = run(config, out, '--only', 'mode=' + mode, '--resume')
+    assert proc.returncode == 0, proc.stderr
+    assert not [n for n in os.listdir(folder) if n.startswith('.tmp_')]
+    assert_same_run(folder, os.path.join(ref, cell(mode)))
+    with open(os.path.join(folder, 'run.json')) as f:
+        info = json.load(f)
+    assert info['resumed'] and info['resumed_from'] == 'snapshot_latest'
+
+
+def _kill_after_snapshot_6(config, out, mode):
+    proc = run(config, out, '--only', 'mode=' + mode, kill='train_batch:7')
+    assert killed(proc), proc.stderr
+    return os.path.join(out, 'kill', cell(mode))
+
+
+def _corrupt(path):
+    with open(path, 'r+b') as f:       # truncated: as if cut off mid-write
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def test_unreadable_snapshot_falls_back_to_the_previous(tiny, tmp_path):
+    config, ref, _ = tiny
+    mode = 'adaptive'
+    folder = _kill_after_snapshot_6(config, str(tmp_path), mode)
+    _corrupt(os.path.join(folder, 'snapshot_latest'))
+    proc = run(config, str(tmp_path), '--only', 'mode=' + mode, '--resume')
+    assert proc.returncode == 0, proc.stderr
+    assert 'snapshot_latest is unreadable' in proc.stderr
+    assert 'falling back to snapshot_previous (iteration 4)' in proc.stderr
+    assert_same_run(folder, os.path.join(ref, cell(mode)))
+    with open(os.path.join(folder, 'run.json')) as f:
+        assert json.load(f)['resumed_from'] == 'snapshot_previous'
+
+
+def test_no_readable_snapshot_starts_afresh_and_says_so(tiny, tmp_path):
+    config, ref, _ = tiny
+    mode = 'fixed:64'
+    folder = _kill_after_snapshot_6(config, str(tmp_path), mode)
+    _corrupt(os.path.join(folder, 'snapshot_latest'))
+    with open(os.path.join(folder, 'snapshot_previous'), 'wb') as f:
+        f.write(b'not a snapshot')
+    proc = run(config, str(tmp_path), '--only', 'mode=' + mode, '--resume')
+    assert proc.returncode == 0, proc.stderr
+    assert 'snapshot_previous is unreadable' in proc.stderr
+    assert 'no readable snapshot (snapshot_latest, snapshot_previous): ' \
+        'starting afresh' in proc.stderr
+    assert_same_run(folder, os.path.join(ref, cell(mode)))
+    with open(os.path.join(folder, 'run.json')) as f:
+        info = json.load(f)
+    assert info['resumed_from'] is None and not info['resumed']
+
+
+def test_jobs_do_not_change_the_numbers(tiny, tmp_path):
+    """--jobs 2 (worker processes) and --jobs 1 (in process, after the
+    reference) give the same run.json results and final snapshots."""
+    config, ref, _ = tiny
+    out = str(tmp_path)
+    proc = run(config, out, '--jobs', '2')
+    assert proc.returncode == 0, proc.stderr
+    for mode in MODES:
+        assert_same_run(os.path.join(out, 'kill', cell(mode)),
+                        os.path.join(ref, cell(mode)))
