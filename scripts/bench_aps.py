@@ -111,9 +111,13 @@ def mpi(args):
     model.cleargrads()
     model(x, t).backward()
     saved = {n: p.grad.copy() for n, p in model.namedparams()}
-    comms = [('fp32 (FP32 Allreduce)', LossScaleSyncCommunicator(comm))] + [
-        (name, APSCommunicator(comm, CommPolicy(**kw)))
-        for name, kw in POLICIES[1:]]
+    comms = [('fp32 (FP32 Allreduce)', LossScaleSyncCommunicator(comm))]
+    for name, kw in POLICIES[1:]:
+        k = kw.get('group_size')
+        if k is not None and comm.size % k:     # e.g. 2 ranks: one group
+            kw = dict(kw, group_size=comm.size)
+            name = name.replace('k={}'.format(k), 'k={}'.format(comm.size))
+        comms.append((name, APSCommunicator(comm, CommPolicy(**kw))))
     times = {name: [] for name, _ in comms}
     for i in range(args.warmup + args.repeats):
         for name, c in comms:
