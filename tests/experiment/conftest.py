@@ -42,3 +42,17 @@ def tiny_config(tmp_path):
 @pytest.fixture
 def out_dir(tmp_path):
     return os.path.join(str(tmp_path), 'results')
+
+
+@pytest.fixture
+def overflowing_fixed(monkeypatch):
+    """``fixed:8192`` backpropagates at 2^100 instead (an injected overflow:
+    a scale that large is refused as a mode, being above FP16's largest
+    value, but the harness must still record a run that overflows)."""
+    from ada_loss.scaling import methods
+
+    def backward(self, loss):
+        loss.backward(loss_scale=2.0 ** 100 if self._scale == 8192
+                      else self._scale)
+    monkeypatch.setattr(methods.FixedScaling, 'backward', backward)
+    return 8192

@@ -38,7 +38,7 @@ def test_two_iteration_run_writes_its_folder(mode, tiny_config, out_dir):
     info = R.read_run(folder)
     assert info['status'] == 'finished'
     assert info['mode'] == mode and info['mode_name'] == mode.split(':')[0]
-    assert info['dtype'] == DTYPE.get(mode, 'mixed16')
+    assert info['precision'] == DTYPE.get(mode, 'mixed16')
     assert info['seed'] == 0 and info['iterations'] == 2
     assert 0 <= info['final_test_accuracy'] <= 1
     assert info['best_test_accuracy'] >= info['final_test_accuracy']
@@ -47,7 +47,8 @@ def test_two_iteration_run_writes_its_folder(mode, tiny_config, out_dir):
                                                   info['git_commit'])
     cfg = yaml.safe_load(open(os.path.join(folder, 'config.yaml')))
     assert cfg['run'] == {'model': 'small_cnn', 'dataset': 'digits',
-                          'mode': mode, 'seed': 0, 'dtype': info['dtype']}
+                          'mode': mode, 'seed': 0,
+                          'precision': info['precision']}
     assert cfg['train']['max_iterations'] == 2
     log = read_log(folder)
     assert [e['iteration'] for e in log] == [1, 2]
@@ -66,10 +67,11 @@ def test_two_iteration_run_writes_its_folder(mode, tiny_config, out_dir):
 
 
 def test_overflow_is_recorded_as_diverged_and_grid_goes_on(
-        tiny_config, out_dir, capsys):
+        tiny_config, out_dir, capsys, overflowing_fixed):
     # 2^100 overflows FP16 at once; a fixed scale cannot skip steps
-    huge = 'fixed:{!r}'.format(2.0 ** 100)
-    path = tiny_config(grid={'modes': ['fp32'], 'fixed_scales': [2.0 ** 100]})
+    huge = 'fixed:{}'.format(overflowing_fixed)
+    path = tiny_config(grid={'modes': ['fp32'],
+                             'fixed_scales': [overflowing_fixed]})
     assert main(['--config', path, '--out', out_dir]) == 0
     from ada_loss.scaling import parse_mode
     folder = run_dir(out_dir, str(parse_mode(huge)))
@@ -80,7 +82,7 @@ def test_overflow_is_recorded_as_diverged_and_grid_goes_on(
     assert info['iterations'] == 0 and info['skipped_steps'] == 1
     assert R.read_run(run_dir(out_dir, 'fp32'))['status'] == 'finished'
     out = capsys.readouterr().out
-    assert '| diverged (S=1.26765e+30) |' in out
+    assert '| diverged (S=8192) |' in out
 
 
 def test_finished_runs_are_skipped(tiny_config, out_dir, capsys):

@@ -115,19 +115,20 @@ def test_files_and_cli(results, tmp_path):
     assert bad.returncode == 2 and 'no such folder' in bad.stderr
 
 
-def test_tables_from_real_runs(tiny_config, out_dir, capsys):
+def test_tables_from_real_runs(tiny_config, out_dir, capsys,
+                               overflowing_fixed):
     """End to end: runs of every mode (one diverged) -> printed Table 1."""
     from ada_loss.experiment.runner import main
     path = tiny_config(grid={'modes': ['fp32', 'none', 'dynamic',
                                        'adaptive'],
-                             'fixed_scales': [16, 2.0 ** 100]},
+                             'fixed_scales': [16, overflowing_fixed]},
                        train={'max_iterations': 1})
     assert main(['--config', path, '--out', out_dir]) == 0
     out = capsys.readouterr().out
     line = [x for x in out.splitlines() if x.startswith('| digits |')][0]
     cells = [c.strip() for c in line.strip('|').split('|')]
     assert cells[:2] == ['digits', 'small_cnn'] and len(cells) == 8
-    assert cells[5].startswith('diverged') and 'S=1.26765e+30' in cells[5]
+    assert cells[5].startswith('diverged') and 'S=8192' in cells[5]
     assert all(c[0].isdigit() or c.startswith('**') for c in
                cells[2:5] + cells[6:])
     assert os.path.exists(os.path.join(out_dir, 'tiny', 'table1.md'))
