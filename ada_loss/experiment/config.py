@@ -233,7 +233,8 @@ SCHEMA = {
         'modes': list_of(_mode_field(None, ''),
                          ['fp32', 'none', 'dynamic', 'adaptive'],
                          'loss-scaling modes (fp32, none, fixed:S, '
-                         'dynamic[:k=v], adaptive[:k=v], amax[:k=v])',
+                         'dynamic[:style=pytorch|chainer|tf,k=v], '
+                         'adaptive[:k=v], amax[:k=v])',
                          nonempty=False),
         'fixed_scales': list_of(_scale_field(None, ''), [],
                                 'fixed loss scales S, run as modes fixed:S',
@@ -558,4 +559,10 @@ def describe_schema():
                 lines.append('{}{}: {} (default {!r}) -- {}'.format(
                     prefix, key, spec.expected, spec.default, spec.doc))
     walk(SCHEMA, '')
+    from ada_loss.loss_scale.dynamic import describe_styles
+    from ada_loss.training.precision import PRECISION_HELP
+    lines += ['', 'dynamic loss scaling styles (grid.modes dynamic:style=..):',
+              describe_styles(), '',
+              'precisions (train.precision, grid.precisions): ' +
+              PRECISION_HELP]
     return '\n'.join(lines)
