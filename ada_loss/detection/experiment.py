@@ -26,6 +26,8 @@ SCHEMA = {
                        'scales)', choices=('table3', 'table5')),
     'description': C.string('', 'free text, copied to every run'),
     'distributed': C.boolean(False, 'ChainerMN data parallelism (--mpi)'),
+    'blas_threads': C.integer(1, 'BLAS/OpenMP threads of each run '
+                              '(recorded in run.json)', minimum=1),
     'grid': {
         'model': C.string('ssd512', 'SSD model', choices=SSD_MODELS),
         'batch_sizes': C.list_of(C.integer(None, '', minimum=1), [8, 32],

@@ -109,9 +109,11 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
 
     train, _, batchsize = T.scatter(train, None, cell.batchsize, comm,
                                     cell.seed, 'batch size')
-    train_iter = T.make_iterator(train, batchsize, data_cfg['loaderjobs'])
+    seed = T.iterator_seed(cell.seed, comm)
+    train_iter = T.make_iterator(train, batchsize, data_cfg['loaderjobs'],
+                                 seed=seed)
     test_iter = T.make_iterator(test, train_cfg['eval_batchsize'], 0,
-                                repeat=False, shuffle=False)
+                                repeat=False, shuffle=False, seed=seed)
 
     scaling = make_loss_scaling(cell.mode, dtype)
     updater = T.make_updater(train_iter, optimizer, scaling, spec, comm,
@@ -148,4 +150,5 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
             ('last_map', final_map), ('final_train_loss', train_loss)],
             epoch=False)
 
-    return T.run_trainer(trainer, updater, info, folder, finalize, comm)
+    return T.run_trainer(trainer, updater, info, folder, finalize, comm,
+                         threads=T.blas_threads(cfg))

@@ -38,6 +38,8 @@ SCHEMA = {
     'table': C.string('table2_imagenet', 'results subfolder'),
     'description': C.string('', 'free text, copied to every run'),
     'distributed': C.boolean(False, 'ChainerMN data parallelism (--mpi)'),
+    'blas_threads': C.integer(1, 'BLAS/OpenMP threads of each run '
+                              '(recorded in run.json)', minimum=1),
     'grid': {
         'models': C.list_of(C.string(None, '', choices=('resnet18',
                                                         'resnet50')),
@@ -153,10 +155,12 @@ def run_imagenet(cfg, cell, out_root, resume=False, comm=None):
     iters_per_epoch = max(1, len(train) // batchsize)
     train, test, batchsize = TR.scatter(train, test, batchsize, comm,
                                         cell.seed)
-    train_iter = TR.make_iterator(train, batchsize, data_cfg['loaderjobs'])
+    seed = TR.iterator_seed(cell.seed, comm)
+    train_iter = TR.make_iterator(train, batchsize, data_cfg['loaderjobs'],
+                                  seed=seed)
     test_iter = TR.make_iterator(test, train_cfg['eval_batchsize'],
                                  data_cfg['loaderjobs'], repeat=False,
-                                 shuffle=False)
+                                 shuffle=False, seed=seed)
 
     scaling = make_loss_scaling(cell.mode, dtype)
     updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm)
@@ -194,7 +198,8 @@ def run_imagenet(cfg, cell, out_root, resume=False, comm=None):
              else max(accs)),
             ('final_test_loss', test_loss), ('final_train_loss', train_loss)])
 
-    return TR.run_trainer(trainer, updater, info, folder, finalize, comm)
+    return TR.run_trainer(trainer, updater, info, folder, finalize, comm,
+                          threads=TR.blas_threads(cfg))
 
 
 # -- the table ---------------------------------------------------------------

@@ -40,6 +40,7 @@ from ada_loss.scaling import NonFiniteGradientError
 from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training import extensions as AE
 from ada_loss.training.random_states import RandomStates, SerialIterator
+from ada_loss.training.seeded_iterator import SeededIterator
 from ada_loss.training.snapshot import Snapshot, snapshot_candidates
 from ada_loss.training.triggers import IntervalOrEnd
 
@@ -69,19 +70,36 @@ def subset(dataset, size, seed):
     return chainer.datasets.SubDataset(dataset, 0, size, order=order)
 
 
-def make_iterator(dataset, batchsize, jobs=0, repeat=True, shuffle=True):
-    """MultiprocessIterator with ``jobs`` processes, else (0) a
-    :class:`~ada_loss.training.random_states.SerialIterator`, whose shuffle
-    stream is in the snapshot. Only the latter resumes exactly: worker
-    processes draw augmentations from their own streams, in an order that
-    depends on scheduling. Fault point ``train_batch`` (``repeat``) or
-    ``eval_batch``."""
+def make_iterator(dataset, batchsize, jobs=0, repeat=True, shuffle=True,
+                  seed=None):
+    """The iterator of a run; every kind resumes exactly (its random
+    streams are in the snapshot). Fault point ``train_batch`` (``repeat``)
+    or ``eval_batch``.
+
+    With a ``seed`` (ImageNet, SSD): a
+    :class:`~ada_loss.training.seeded_iterator.SeededIterator` computing
+    examples in ``jobs`` worker processes (0: in this process), each with
+    its own seed, so the numbers do not depend on ``jobs``. Without (the
+    CIFAR-style runs): a
+    :class:`~ada_loss.training.random_states.SerialIterator` shuffling and
+    augmenting from the global streams the run seeded, which the snapshot
+    holds (``jobs`` must be 0).
+    """
+    fault = 'train_batch' if repeat else 'eval_batch'
+    if seed is not None:
+        return SeededIterator(dataset, batchsize, repeat=repeat,
+                              shuffle=shuffle, seed=seed, n_processes=jobs,
+                              fault=fault)
     if jobs:
-        return chainer.iterators.MultiprocessIterator(
-            dataset, batchsize, repeat=repeat, shuffle=shuffle,
-            n_processes=jobs)
+        raise ValueError('worker processes need a seed per example')
     return SerialIterator(dataset, batchsize, repeat=repeat, shuffle=shuffle,
-                          fault='train_batch' if repeat else 'eval_batch')
+                          fault=fault)
+
+
+def iterator_seed(seed, comm=None):
+    """The seed of a run's :class:`SeededIterator` on this rank."""
+    rank = 0 if comm is None else comm.rank
+    return int(numpy.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
 def is_writer(comm):
