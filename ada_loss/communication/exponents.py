@@ -87,27 +87,51 @@ def find_max_exp(grad, world_size=1):
     return max_exp(top, world_size)
 
 
+def codes_of_max(tops, world_size):
+    """:func:`code_of_max` of every element of ``tops`` (vectorized)."""
+    tops = numpy.asarray(tops, numpy.float64)
+    low, _ = exponent_range(world_size)
+    with numpy.errstate(invalid='ignore', over='ignore'):
+        mant, exp = numpy.frexp(tops * world_size)
+    e = exp.astype(numpy.int64) - (mant == 0.5)
+    codes = 1 + numpy.maximum(e, low) - low
+    codes[tops == 0] = ZERO
+    codes[~numpy.isfinite(tops)] = NONFINITE
+    return codes.astype(CODE_DTYPE)
+
+
+def _segment_tops(buffers, segments):
+    """max |x| of each segment of each row: ``(rows, len(segments))``
+    float64 (0 for an empty segment); one ``maximum.reduceat``."""
+    buffers = numpy.atleast_2d(buffers)
+    tops = numpy.zeros((buffers.shape[0], len(segments)), numpy.float64)
+    nonempty = [i for i, (_, size) in enumerate(segments) if size]
+    if nonempty:
+        # [start, end) of each segment; the gaps between them (other layers)
+        # are reduced too and dropped (every other result)
+        bounds = []
+        for i in nonempty:
+            bounds += [segments[i][0], segments[i][0] + segments[i][1]]
+        if bounds[-1] == buffers.shape[1]:
+            bounds.pop()
+        with numpy.errstate(invalid='ignore'):
+            red = numpy.maximum.reduceat(numpy.abs(buffers),
+                                         numpy.array(bounds, numpy.intp),
+                                         axis=1)
+        tops[:, nonempty] = red[:, 0::2]
+    return tops
+
+
 def layer_max_exps(buffer, segments, world_size):
     """The one-byte message of a worker: the code of each segment
     ``(offset, size)`` of the flat ``buffer`` (``uint8`` vector)."""
-    out = numpy.empty(len(segments), CODE_DTYPE)
-    for i, (offset, size) in enumerate(segments):
-        top = numpy.abs(buffer[offset:offset + size]).max() if size else 0
-        out[i] = code_of_max(top, world_size)
-    return out
+    return codes_of_max(_segment_tops(buffer, segments)[0], world_size)
 
 
 def stacked_layer_max_exps(buffers, segments, world_size):
     """``layer_max_exps`` of every row of ``buffers`` (``(p, n)``) at once:
     ``uint8`` array ``(p, layers)``."""
-    out = numpy.empty((buffers.shape[0], len(segments)), CODE_DTYPE)
-    for i, (offset, size) in enumerate(segments):
-        if size == 0:
-            out[:, i] = ZERO
-            continue
-        tops = numpy.abs(buffers[:, offset:offset + size]).max(axis=1)
-        out[:, i] = [code_of_max(t, world_size) for t in tops]
-    return out
+    return codes_of_max(_segment_tops(buffers, segments), world_size)
 
 
 def upper_exp(fmt):

@@ -112,6 +112,10 @@ def ring_sum(values, fmt, kahan=False):
     """The sum over workers (axis 0 of ``values``, shape ``(p, n)``) in ring
     order (module docstring), each addition rounded to ``fmt``.
 
+    The chunks are laid out as a ``(p, p, m)`` array (worker, chunk,
+    element; m = ⌈n/p⌉, the padding is never read back), so step s of all
+    chunks at once is one block gather ``V[(j + s) % p, j]``.
+
     Returns:
         numpy.ndarray: float32, shape ``(n,)``.
     """
@@ -119,14 +123,16 @@ def ring_sum(values, fmt, kahan=False):
     p, n = values.shape
     if p == 1:
         return values[0].copy()
-    cols = numpy.arange(n)
-    # chunk j = [j*n//p, (j+1)*n//p): the chunk of element e
-    bounds = (numpy.arange(1, p) * n) // p
-    chunk = numpy.searchsorted(bounds, cols, side='right')
-    acc = _Accumulator(values[(chunk + 1) % p, cols], fmt, kahan)
+    starts = (numpy.arange(p + 1) * n) // p       # chunk j = [starts[j], starts[j+1])
+    m = -(-n // p)
+    valid = numpy.arange(m)[None, :] < numpy.diff(starts)[:, None]   # (p, m)
+    blocks = numpy.zeros((p, p, m), numpy.float32)
+    blocks[:, valid] = values
+    chunks = numpy.arange(p)
+    acc = _Accumulator(blocks[(chunks + 1) % p, chunks], fmt, kahan)
     for step in range(2, p + 1):
-        acc.add(values[(chunk + step) % p, cols])
-    return acc.s
+        acc.add(blocks[(chunks + step) % p, chunks])
+    return acc.s[valid]
 
 
 def hierarchical_sum(values, fmt, group_size, kahan=False):

@@ -242,3 +242,25 @@ def test_bad_input_is_a_clear_value_error():
         allreduce_low_precision([], 'e5m2')
     with pytest.raises(ValueError, match='cannot be split into groups'):
         CommPolicy('e4m3', order='hierarchical', group_size=4).check(6)
+
+
+def test_vectorized_exponents_match_per_layer():
+    """The one-``reduceat`` exponent codes equal FINDMAXEXP per segment,
+    for segments with gaps (FP32 layers between them), empty ones and NaN."""
+    rng = numpy.random.RandomState(1)
+    for _ in range(100):
+        n_layers = rng.randint(1, 8)
+        sizes = rng.randint(0, 5, n_layers)
+        offs = numpy.concatenate([[0], numpy.cumsum(sizes)])
+        n = int(offs[-1])
+        buf = (rng.randn(3, n) * 10.0 ** rng.randint(-5, 5, n)).astype(F32)
+        if n and rng.rand() < 0.3:
+            buf[rng.randint(3), rng.randint(n)] = numpy.nan
+        segs = [(int(offs[i]), int(sizes[i])) for i in range(n_layers)
+                if rng.rand() < 0.7]
+        got = X.stacked_layer_max_exps(buf, segs, 8)
+        for r in range(3):
+            want = [X.code_of_max(numpy.abs(buf[r, o:o + s]).max()
+                                  if s else 0, 8) for o, s in segs]
+            assert list(got[r]) == want
+            assert list(X.layer_max_exps(buf[r], segs, 8)) == want
