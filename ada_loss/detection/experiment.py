@@ -12,6 +12,7 @@ Table 3 (§4.3): VOC07 test mAP (%) of SSD512 trained on VOC07+12 with batch
 import collections
 import os
 
+from ada_loss import atomic
 from ada_loss.detection.model import SSD_MODELS
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
@@ -189,10 +190,9 @@ def write_table(results_dir, layout, quiet=False):
     table = build_table(R.find_runs(results_dir), layout)
     os.makedirs(results_dir, exist_ok=True)
     md = T.to_markdown(table)
-    with open(os.path.join(results_dir, layout + '.md'), 'w') as f:
-        f.write(md)
-    with open(os.path.join(results_dir, layout + '.csv'), 'w') as f:
-        f.write(T.to_csv(table))
+    atomic.write_text(os.path.join(results_dir, layout + '.md'), md)
+    atomic.write_text(os.path.join(results_dir, layout + '.csv'),
+                      T.to_csv(table))
     if not quiet:
         print(md)
     return table

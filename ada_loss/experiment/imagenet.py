@@ -21,6 +21,7 @@ import numpy
 from chainer import training
 from chainer.training import extensions as E
 
+from ada_loss import atomic
 from ada_loss.datasets.imagenet import get_imagenet_datasets
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
@@ -241,10 +242,9 @@ def write_table(results_dir, quiet=False):
     table = build_table(R.find_runs(results_dir))
     os.makedirs(results_dir, exist_ok=True)
     md = T.to_markdown(table)
-    with open(os.path.join(results_dir, 'table2.md'), 'w') as f:
-        f.write(md)
-    with open(os.path.join(results_dir, 'table2.csv'), 'w') as f:
-        f.write(T.to_csv(table))
+    atomic.write_text(os.path.join(results_dir, 'table2.md'), md)
+    atomic.write_text(os.path.join(results_dir, 'table2.csv'),
+                      T.to_csv(table))
     if not quiet:
         print(md)
     return table

@@ -10,6 +10,8 @@ import math
 import matplotlib
 matplotlib.use('Agg')
 
+from ada_loss import atomic  # NOQA: E402
+
 
 def read_loss_scales(path):
     """``loss_scales.csv`` -> ``{layer: ([iteration...], [alpha...])}`` in
@@ -70,6 +72,7 @@ def plot_loss_scales(csv_paths, png_path, title=None, max_panels=4):
             ax.set_title(name, fontsize=9)
         fig.colorbar(mesh, ax=ax, label='log2 α (loss scale of the layer)')
     fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
+    atomic.replace_with(png_path, lambda f: fig.savefig(f, format='png',
+                                                       dpi=110), mode='wb')
     plt.close(fig)
     return png_path

@@ -8,12 +8,18 @@ HEAD`` or null), ``status`` (``running`` / ``finished`` / ``diverged``),
 null when diverged), ``final_test_loss``, ``final_train_loss``,
 ``skipped_steps``, ``iterations``, ``epoch``, ``wall_time_s``, ``world_size``,
 ``loss_scale`` (final; the initial α_{N+1} for adaptive), ``error`` (why it
-diverged), ``started``/``updated`` (ISO times).
+diverged), ``started``/``updated`` (ISO times), ``blas_threads`` (BLAS /
+OpenMP threads the run used), ``resumed`` and ``resumed_from``
+(``snapshot_latest``, ``snapshot_previous`` or null: the snapshot the last
+process continued from).
+
+Every file of a run folder is replaced atomically (:mod:`ada_loss.atomic`).
 """
 import json
 import os
 import subprocess
-import tempfile
+
+from ada_loss import atomic
 
 RUN_JSON = 'run.json'
 CONFIG_YAML = 'config.yaml'
@@ -38,12 +44,8 @@ def git_commit(cwd=None):
 
 
 def write_json_atomic(path, obj):
-    folder = os.path.dirname(path) or '.'
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_')
-    with os.fdopen(fd, 'w') as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write('\n')
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(obj, indent=2, sort_keys=False) +
+                      '\n')
 
 
 def read_run(folder):

@@ -19,6 +19,7 @@ import io
 import math
 import os
 
+from ada_loss import atomic
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.models import model_depth
 
@@ -230,10 +231,8 @@ def write_tables(results_dir, layout='table1', out_dir=None, quiet=False):
     out_dir = out_dir or results_dir
     os.makedirs(out_dir, exist_ok=True)
     md = to_markdown(table)
-    with open(os.path.join(out_dir, layout + '.md'), 'w') as f:
-        f.write(md)
-    with open(os.path.join(out_dir, layout + '.csv'), 'w') as f:
-        f.write(to_csv(table))
+    atomic.write_text(os.path.join(out_dir, layout + '.md'), md)
+    atomic.write_text(os.path.join(out_dir, layout + '.csv'), to_csv(table))
     if not quiet:
         print(md)
     return table

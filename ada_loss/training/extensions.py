@@ -15,23 +15,20 @@ extensions in decreasing priority.
 import csv
 import io
 import os
-import tempfile
 
 import numpy
 
 import chainer
 from chainer.training import extension
 
+from ada_loss import atomic
+
 #: below ``extensions.snapshot`` (priority -100)
 PRIORITY_AFTER_AUTOLOAD = -200
 
 
 def _write_atomic(path, text):
-    folder = os.path.dirname(path) or '.'
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_')
-    with os.fdopen(fd, 'w') as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic.write_text(path, text, sync=False)
 
 
 class StepLearningRate(extension.Extension):
@@ -83,8 +80,13 @@ class LossScaleRecorder(extension.Extension):
     GEMM layer, at iteration 1 and every ``interval`` iterations.
 
     α is the scale of the layer's weight gradient (paper §3.1, the loss scale
-    the optimizer divides by), β its local scale (Algorithm 4). On resume the
-    rows after the restored iteration are dropped first.
+    the optimizer divides by), β its local scale (Algorithm 4).
+
+    It runs before the snapshot of the same iteration, so every row in the
+    file belongs to an iteration the run has reached. After a resume (or a
+    kill in the middle of appending a row) the first call rewrites the file
+    atomically without the rows of this and later iterations and without
+    incomplete rows; the resumed run writes them again.
 
     Args:
         loss_scaling (ada_loss.scaling.AdaptiveScaling): the method.
@@ -92,7 +94,7 @@ class LossScaleRecorder(extension.Extension):
         interval (int): K.
     """
 
-    priority = PRIORITY_AFTER_AUTOLOAD
+    priority = extension.PRIORITY_READER
     header = ('iteration', 'layer', 'alpha', 'beta')
 
     def __init__(self, loss_scaling, filename='loss_scales.csv',
@@ -106,17 +108,31 @@ class LossScaleRecorder(extension.Extension):
         return it == 1 or it % self.interval == 0
 
     def initialize(self, trainer):
-        path = os.path.join(trainer.out, self.filename)
-        done = trainer.updater.iteration
+        self._synced = False
+
+    @staticmethod
+    def _complete(row):
+        if len(row) != 4:
+            return False
+        try:
+            int(row[0]), float(row[2]), float(row[3])
+        except ValueError:
+            return False
+        return True
+
+    def _sync(self, path, iteration):
+        """Keeps the complete rows of iterations before ``iteration``."""
         rows = []
         if os.path.exists(path):
-            with open(path) as f:
+            with open(path, newline='') as f:
                 rows = [r for r in csv.reader(f)][1:]
-            rows = [r for r in rows if r and int(r[0]) <= done]
-        with open(path, 'w', newline='') as f:
-            w = csv.writer(f)
-            w.writerow(self.header)
-            w.writerows(rows)
+            rows = [r for r in rows if self._complete(r) and
+                    int(r[0]) < iteration]
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(self.header)
+        w.writerows(rows)
+        atomic.write_text(path, buf.getvalue())
 
     def __call__(self, trainer):
         ada = getattr(self.loss_scaling, 'ada', None)
@@ -124,12 +140,17 @@ class LossScaleRecorder(extension.Extension):
             return
         alphas, betas = ada.loss_scales(), ada.layer_scales()
         it = trainer.updater.iteration
-        with open(os.path.join(trainer.out, self.filename), 'a',
-                  newline='') as f:
-            w = csv.writer(f)
-            for layer, alpha in alphas.items():
-                w.writerow((it, layer, repr(float(alpha)),
-                            repr(float(betas.get(layer, 1.0)))))
+        path = os.path.join(trainer.out, self.filename)
+        if not getattr(self, '_synced', False):
+            self._sync(path, it)
+            self._synced = True
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        for layer, alpha in alphas.items():
+            w.writerow((it, layer, repr(float(alpha)),
+                        repr(float(betas.get(layer, 1.0)))))
+        with open(path, 'a', newline='') as f:
+            f.write(buf.getvalue())
 
 
 class LogCSV(extension.Extension):
