@@ -81,6 +81,7 @@ _DATA = {
                            optional=True),
     'split_seed': C.integer(0, 'seed of the digits split and subsets',
                             minimum=0),
+    'augment': C.boolean(False, 'CIFAR only: pad-4 random crop and flip'),
 }
 
 _MODEL = {
@@ -250,7 +251,7 @@ def _start(argv, schema, description, default_config, check=None,
 # -- data and models ------------------------------------------------------------
 def load_data(data_cfg):
     from ada_loss.experiment.data import dataset_info, load_datasets
-    d = dict(data_cfg, augment=False)
+    d = dict(data_cfg)
     name = d.pop('dataset')
     train, test = load_datasets(name, d)
     return train, test, dataset_info(name)
@@ -365,10 +366,11 @@ def _mean_std(values):
 def table4_markdown(cfg, results):
     sim = cfg['sim']
     lines = ['**APS Table 4 analogue: test accuracy (%), {} simulated '
-             'workers ({}), global batch {}, {}, {}**'.format(
-                 sim['workers'], sim_policy(sim, 'float32', True).describe()
-                 .split(', ', 2)[-1], cfg['train']['batchsize'],
-                 cfg['model']['name'], cfg['data']['dataset']), '',
+             'workers ({}), global batch {}, {}, {}, loss scaling {}**'
+             .format(sim['workers'], sim_policy(sim, 'float32', True)
+                     .describe().split(', ', 2)[-1],
+                     cfg['train']['batchsize'], cfg['model']['name'],
+                     cfg['data']['dataset'], cfg['train']['mode']), '',
              '| Precision (exp, man) | APS | accuracy | diverged |',
              '|---|---|---|---|']
     for fmt in cfg['grid']['formats']:
