@@ -10,9 +10,10 @@ A run (:func:`ada_loss.experiment.run.run_one`,
 * :func:`make_updater`: the mixed-precision updater of the loss-scaling mode
   (ChainerMN's data-parallel one with a communicator);
 * :func:`extend_trainer`: the standard extensions (evaluator, learning-rate
-  schedule, ``observe_lr``, FP32 master weights in the snapshot,
-  ``snapshot_latest``, LogReport + ``log.csv``, the console reporters and,
-  for ``adaptive``, ``loss_scales.csv``);
+  schedule, ``observe_lr``, FP32 master weights and random streams in the
+  snapshot, ``snapshot_latest`` + ``snapshot_previous`` written atomically
+  (:mod:`ada_loss.training.snapshot`), LogReport + ``log.csv``, the console
+  reporters and, for ``adaptive``, ``loss_scales.csv``);
 * :func:`run_trainer`: the training loop; a
   :class:`~ada_loss.scaling.NonFiniteGradientError` (overflow in a mode that
   cannot skip steps) ends the run as ``diverged``, and the log is summarized
@@ -171,9 +172,11 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
 
     On every rank: ``evaluator`` (name ``validation``, every
     ``log.eval_interval``), ``lr_schedule``, ``observe_lr``,
-    :class:`~ada_loss.training.extensions.FP32MasterWeights` and the
-    snapshot ``snapshot_latest`` (autoloaded when ``resuming``; written every
-    ``log.snapshot_interval`` on rank 0 only). On rank 0 also: an
+    :class:`~ada_loss.training.extensions.FP32MasterWeights`,
+    :class:`~ada_loss.training.random_states.RandomStates` and the snapshot
+    ``snapshot_latest`` (:class:`~ada_loss.training.snapshot.Snapshot`;
+    autoloaded, with fallback to ``snapshot_previous``, when ``resuming``;
+    written every ``log.snapshot_interval`` on rank 0 only). On rank 0 also: an
     ObservationRecorder ``TestHistory`` of the keys ``history`` (if given),
     LogReport and ``log.csv`` (every ``log.log_interval``), the extensions
     of ``reporters(every)`` (a list of ``(extension, trigger, name)``, e.g.

@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import numpy
-import pytest
 
 from ada_loss.training.faults import ENV
 
