@@ -214,6 +214,7 @@ class RecordingLossScaling(object):
 
     recovers = property(lambda self: self.inner.recovers)
     scale = property(lambda self: self.inner.scale)
+    fmt = property(lambda self: self.inner.fmt)   # the updater's overflow test
 
     def bind(self, model):
         self.recorder.bind(model)
