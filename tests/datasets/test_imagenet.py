@@ -71,3 +71,35 @@ def test_missing_data_errors(tmp_path):
         f.write('ILSVRC2012_val_00000001.JPEG n99999999\n')
     with pytest.raises(DatasetFormatError, match='wnid'):
         get_imagenet(root, 'val')
+
+
+def test_train_augmentation_is_reproducible_in_workers_and_on_resume(
+        tmp_path):
+    """The ImageNet runner's iterator (one seed per example): the random
+    crops and flips are the same in worker processes as in this process,
+    and continue exactly after a snapshot."""
+    import chainer
+    from ada_loss.datasets.imagenet import get_imagenet_datasets
+    from ada_loss.experiment.trainer import make_iterator
+    train, _ = get_imagenet_datasets(
+        fixtures.make_imagenet(str(tmp_path), n_per_class=2), 16, 20)
+
+    def take(it, n):
+        return [numpy.stack([x for x, _ in next(it)]) for _ in range(n)]
+    serial = make_iterator(train, 4, 0, seed=3)
+    want = take(serial, 4)                   # 6 images: crosses epochs
+    pooled = make_iterator(train, 4, 2, seed=3)
+    try:
+        got = take(pooled, 4)
+    finally:
+        pooled.finalize()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))
+    assert want[0].tobytes() != want[1][:len(want[0])].tobytes()
+    saved = chainer.serializers.DictionarySerializer()
+    resumed = make_iterator(train, 4, 0, seed=3)
+    take(resumed, 2)
+    resumed.serialize(saved)
+    other = make_iterator(train, 4, 0, seed=4)
+    other.serialize(chainer.serializers.NpzDeserializer(saved.target))
+    assert all(a.tobytes() == b.tobytes()
+               for a, b in zip(take(other, 2), want[2:]))
