@@ -117,11 +117,11 @@ def _reporters(log_cfg):
             out.append((E.ProgressBar(update_interval=10), None, None))
         if log_cfg['plot'] and E.PlotReport.available():
             x_key = log_cfg['log_interval'][1]
-            out.append((E.PlotReport(
+            out.append((AE.PlotReport(
                 ['main/loss', 'validation/main/loss'], x_key,
                 trigger=every('log_interval'), filename='loss.png'),
                 None, 'PlotLoss'))
-            out.append((E.PlotReport(
+            out.append((AE.PlotReport(
                 ['main/accuracy', 'validation/main/accuracy'], x_key,
                 trigger=every('log_interval'), filename='accuracy.png'),
                 None, 'PlotAccuracy'))

@@ -4,6 +4,7 @@
 * :class:`LossScaleRecorder` -- per-layer adaptive loss scales over
   iterations to CSV (what Figure 4 of the paper plots).
 * :class:`LogCSV` -- ``LogReport``'s log as CSV.
+* :class:`PlotReport` -- Chainer's, with the PNG replaced atomically.
 * :class:`FP32MasterWeights` -- puts the FP32 master weights of mixed16
   training (Micikevicius et al. 2018) into trainer snapshots, which Chainer's
   optimizer serialization leaves out.
@@ -188,6 +189,22 @@ class LogCSV(extension.Extension):
 
     def finalize(self):
         self.write()
+
+
+class PlotReport(chainer.training.extensions.PlotReport):
+    """Chainer's ``PlotReport`` whose PNG is replaced atomically: Chainer's
+    writes the file in place, which a kill can leave half-written."""
+
+    def __call__(self, trainer):
+        name = self._file_name
+        self._file_name = '.tmp_' + name        # serialization keys use name
+        try:
+            super(PlotReport, self).__call__(trainer)
+        finally:
+            self._file_name = name
+        tmp = os.path.join(trainer.out, '.tmp_' + name)
+        if os.path.exists(tmp):
+            os.replace(tmp, os.path.join(trainer.out, name))
 
 
 class FP32MasterWeights(extension.Extension):
