@@ -20,6 +20,7 @@ import random
 import chainer
 import numpy
 
+from ada_loss import atomic
 from ada_loss.analysis import plots
 from ada_loss.analysis.recorder import GradientRecorder
 from ada_loss.analysis.recorder import RecordingLossScaling
@@ -179,6 +180,6 @@ def make_figures(cfg):
                 for i, n, d in plots.underflow_delta(records['fixed'],
                                                      records['adaptive'])]
     paths['summary'] = os.path.join(out, 'summary.json')
-    with open(paths['summary'], 'w') as f:
-        json.dump(summary, f, indent=2, default=str, allow_nan=True)
+    atomic.write_text(paths['summary'], json.dumps(
+        summary, indent=2, default=str, allow_nan=True))
     return paths

@@ -19,7 +19,14 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # NOQA
 import numpy  # NOQA
 
+from ada_loss import atomic  # NOQA
 from ada_loss.analysis.recorder import summarize  # NOQA
+
+
+def _save(fig, path):
+    """The PNG, replaced atomically."""
+    atomic.replace_with(path, lambda f: fig.savefig(f, format='png',
+                                                    dpi=100), mode='wb')
 
 
 def _by_iteration(records, field):
@@ -79,7 +86,7 @@ def plot_fig1(records, path, title='', max_lines=8):
     axes[1].legend(fontsize=7, loc='best')
     fig.suptitle(title or 'Activation gradient statistics (FP32 run)')
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, path)
     plt.close(fig)
     return path
 
@@ -100,7 +107,7 @@ def plot_fig4a(records, path, fixed_scale=None, title=''):
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis='y')
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, path)
     plt.close(fig)
     return path
 
@@ -131,7 +138,7 @@ def plot_fig4b(fixed_records, adaptive_records, path, title=''):
     ax.set_title(title or 'Underflow reduced by adaptive loss scaling')
     ax.grid(alpha=0.3, axis='y')
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, path)
     plt.close(fig)
     return path
 

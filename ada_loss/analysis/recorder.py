@@ -32,6 +32,7 @@ import math
 import chainer
 import numpy
 
+from ada_loss import atomic
 from ada_loss.analysis import grad_stats
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.links import GEMM_LINK_TYPES
@@ -143,11 +144,12 @@ class GradientRecorder(chainer.FunctionHook):
 
     # -- output -----------------------------------------------------------
     def save_csv(self, path):
-        with open(path, 'w', newline='') as f:
+        def write(f):
             writer = csv.DictWriter(f, FIELDS)
             writer.writeheader()
             for row in self.records:
                 writer.writerow({k: row.get(k) for k in FIELDS})
+        atomic.replace_with(path, write)
         return path
 
     def summary(self):
