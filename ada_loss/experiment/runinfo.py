@@ -9,7 +9,8 @@ null when diverged), ``final_test_loss``, ``final_train_loss``,
 ``skipped_steps``, ``iterations``, ``epoch``, ``wall_time_s``, ``world_size``,
 ``loss_scale`` (final; the initial α_{N+1} for adaptive), ``error`` (why it
 diverged), ``started``/``updated`` (ISO times), ``blas_threads`` (BLAS /
-OpenMP threads the run used), ``resumed`` and ``resumed_from``
+OpenMP threads the run used), ``environment`` (:func:`environment`),
+``resumed`` and ``resumed_from``
 (``snapshot_latest``, ``snapshot_previous`` or null: the snapshot the last
 process continued from).
 
@@ -41,6 +42,34 @@ def git_commit(cwd=None):
         return None
     commit = out.stdout.decode().strip()
     return commit or None
+
+
+def _cpu_model():
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or None
+
+
+def environment():
+    """What a run's numbers depend on besides config and seed: Python,
+    NumPy, Chainer, the BLAS libraries loaded, the CPU (``run.json``:
+    ``environment``)."""
+    import platform
+    import chainer
+    import numpy
+    import threadpoolctl
+    blas = sorted({'{} {} ({})'.format(i.get('internal_api'),
+                                       i.get('version'), i.get('prefix'))
+                   for i in threadpoolctl.threadpool_info()})
+    return {'python': platform.python_version(), 'numpy': numpy.__version__,
+            'chainer': chainer.__version__, 'blas': blas,
+            'machine': platform.machine(), 'cpu': _cpu_model()}
 
 
 def write_json_atomic(path, obj):

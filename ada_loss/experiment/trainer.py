@@ -125,7 +125,8 @@ def open_run(folder, fields, description, config_text, resume=False,
         ('git_commit', R.git_commit()), ('status', R.RUNNING),
         ('world_size', 1 if comm is None else comm.size),
         ('started', (old or {}).get('started', now())),
-        ('resumed', bool(resuming)), ('description', description)])
+        ('resumed', bool(resuming)), ('description', description),
+        ('environment', R.environment())])
     if is_writer(comm):
         if not resuming and os.path.isdir(folder):
             shutil.rmtree(folder)

@@ -212,3 +212,6 @@ def test_jobs_do_not_change_the_numbers(tiny, tmp_path):
     for mode in MODES:
         assert_same_run(os.path.join(out, 'kill', cell(mode)),
                         os.path.join(ref, cell(mode)))
+        with open(os.path.join(out, 'kill', cell(mode), 'run.json')) as f:
+            env = json.load(f)['environment']
+        assert env['numpy'] == numpy.__version__ and env['blas']
