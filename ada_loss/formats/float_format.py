@@ -79,9 +79,9 @@ class FloatFormat(object):
         self.u_max = top * 2.0 ** self.emax
         self._rounder = _q.BitRounder(self.man_bits, self.emin, self.u_max,
                                       self.overflow)
-        self._split = (_q.SplitRounder(self.man_bits, self.emin, self.emax,
+        self._magic = (_q.MagicRounder(self.man_bits, self.emin, self.emax,
                                        self.u_max, self.overflow)
-                       if _q.SplitRounder.usable(self.man_bits, self.emax)
+                       if _q.MagicRounder.usable(self.man_bits, self.emax)
                        else None)
 
     @property

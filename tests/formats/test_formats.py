@@ -94,8 +94,8 @@ def test_quantize_equals_ml_dtypes(name):
     want = x.astype(ml).astype(F32)
     _assert_bits_equal(fmt.quantize(x), want, x, name)
     _assert_bits_equal(fmt._rounder.round(x.copy()), want, x, name + ' bits')
-    if fmt._split is not None:
-        _assert_bits_equal(fmt._split.round(x), want, x, name + ' split')
+    if fmt._magic is not None:
+        _assert_bits_equal(fmt._magic.round(x), want, x, name + ' magic')
 
 
 @pytest.mark.parametrize('name', sorted(ML))
