@@ -3,7 +3,7 @@ precision of ``grid.precisions``, through the same runner and run folders
 as Table 1.
 
 Each precision p runs the config's grid with ``train.precision = p`` into
-``results/<table>/<p>/``; at the end the table of all of them (layout
+``results/<table>/<p>/``; at the end the one table of all of them (layout
 ``precision``, :mod:`ada_loss.experiment.precision_table`) is written to
 ``results/<table>/precision.md`` and ``.csv`` and printed.
 """
@@ -38,8 +38,8 @@ def main(argv=None, default_config=None, description=None, defaults=None):
             '--set', 'train.precision={}'.format(p),
             '--set', 'grid.precisions=[]',
             '--set', 'table={}/{}'.format(cfg['table'], p),
-            '--set', 'layout=precision'], default_config, description,
-            defaults)
+            '--set', 'layout=precision', '--no-table'], default_config,
+            description, defaults)
         if rc:
             return rc
     if not args.no_table and not args.list:
