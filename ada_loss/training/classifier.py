@@ -27,10 +27,6 @@ class Classifier(chainer.Chain):
         with self.init_scope():
             self.predictor = predictor
 
-    @property
-    def dtype(self):
-        return self.precision
-
     def forward(self, x, t):
         with dtype_config(self.precision):
             if x.dtype != self._xdtype:

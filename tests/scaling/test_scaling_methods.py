@@ -105,7 +105,7 @@ def test_mixed16_master_weights_are_fp32_and_model_is_their_fp16_cast():
         'fixed:1024', H.small_cnn(width=4),
         optimizer=chainer.optimizers.MomentumSGD(0.05), batch=16,
         dataset=H.digits_subset(48, size=16))
-    assert model.dtype == 'mixed16'
+    assert model.precision == 'mixed16'
     for _ in range(3):
         H.step(up, model)
     n_fp16 = n_bn = 0

@@ -94,7 +94,7 @@ def test_mixed16_tracks_fp32_and_generalizes(mode, tmp_path):
     x = numpy.stack([test_set[i][0] for i in range(len(test_set))])
     t = test_set.labels
     with chainer.using_config('train', False), chainer.no_backprop_mode():
-        with dtype_config(model.dtype):
+        with dtype_config(model.precision):
             y = model.predictor(x.astype(numpy.float16))
     acc = float((y.array.astype(numpy.float32).argmax(axis=1) == t).mean())
     assert acc > 0.8, acc
