@@ -197,9 +197,9 @@ class ScaledBackprop(object):
             in_scales[0] = alpha * beta
             if self.weight_scale is not None and any(
                     i in targets for i in (1, 2)):
-                gamma = self.weight_scale(
-                    func, func.gemm_weight(), func.get_retained_inputs()[0].array,
-                    out_grad[0].array, alpha)
+                x = func.get_retained_inputs()[0].array
+                gamma = self.weight_scale(func, func.gemm_weight(), x,
+                                          out_grad[0].array, alpha)
                 func.grad_weight_scale = gamma
             func.fit_weight_grad = True
             self.gemm_records[func.scale_key] = (alpha, beta)

@@ -334,8 +334,9 @@ def _validate_section(schema, raw, prefix):
         if key not in schema:
             hint = ' (train.dtype was renamed train.precision)' \
                 if prefix + str(key) == 'train.dtype' else ''
-            raise ConfigError(prefix + str(key), 'unknown key{}; allowed keys '
-                              'here: {}'.format(hint, ', '.join(sorted(schema))))
+            raise ConfigError(prefix + str(key), 'unknown key{}; allowed '
+                              'keys here: {}'.format(
+                                  hint, ', '.join(sorted(schema))))
     for key, spec in schema.items():
         full = prefix + key
         if isinstance(spec, dict):

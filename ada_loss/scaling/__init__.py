@@ -25,5 +25,5 @@ Every method targets the range of the gradient format of the run's precision
 from ada_loss.scaling.modes import (  # NOQA
     MODES, LossScalingSpec, parse_mode, resolve_precision)
 from ada_loss.scaling.methods import (  # NOQA
-    AdaptiveScaling, AmaxScaling, DynamicScaling, FixedScaling, LossScaling, NoScaling,
-    NonFiniteGradientError, make_loss_scaling)
+    AdaptiveScaling, AmaxScaling, DynamicScaling, FixedScaling, LossScaling,
+    NoScaling, NonFiniteGradientError, make_loss_scaling)
