@@ -61,14 +61,8 @@ def blas_brief():
 
 
 def cpu_model():
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from ada_loss.experiment.runinfo import cpu_model as model_name
+    return model_name() or platform.machine()
 
 
 def machine_info():

@@ -34,7 +34,7 @@ from ada_loss.communication.allreduce import StepReduction
 from ada_loss.communication.policy import CommPolicy
 from ada_loss.scaling.methods import NonFiniteGradientError
 from ada_loss.training.updater import (
-    MixedPrecisionUpdater, all_grads_finite, nonfinite_params)
+    MixedPrecisionUpdater, all_grads_finite, call_loss, nonfinite_params)
 
 
 def split_batch(batch, n_workers):
@@ -159,12 +159,7 @@ class SimulatedDataParallelUpdater(MixedPrecisionUpdater):
         for shard in shards:
             in_arrays = self.converter(shard, self.input_device)
             model.cleargrads()
-            if isinstance(in_arrays, tuple):
-                loss = loss_func(*in_arrays)
-            elif isinstance(in_arrays, dict):
-                loss = loss_func(**in_arrays)
-            else:
-                loss = loss_func(in_arrays)
+            loss = call_loss(loss_func, in_arrays)
             losses.append(float(loss.array))
             self.loss_scaling.backward(loss)
             del loss

@@ -11,14 +11,12 @@ import os
 import sys
 
 from ada_loss.experiment import config as C
-from ada_loss.experiment.runner import build_parser, main as runner_main
+from ada_loss.experiment.runner import main as runner_main, parse_args
 
 
 def main(argv=None, default_config=None, description=None, defaults=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(description, default_config)
-    parser.set_defaults(**(defaults or {}))
-    args = parser.parse_args(argv)
+    args = parse_args(argv, default_config, description, defaults)
     if args.help_config:
         print(C.describe_schema())
         return 0

@@ -44,7 +44,8 @@ def git_commit(cwd=None):
     return commit or None
 
 
-def _cpu_model():
+def cpu_model():
+    """The CPU's model name (Linux), else platform.processor() or None."""
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
@@ -69,7 +70,7 @@ def environment():
                    for i in threadpoolctl.threadpool_info()})
     return {'python': platform.python_version(), 'numpy': numpy.__version__,
             'chainer': chainer.__version__, 'blas': blas,
-            'machine': platform.machine(), 'cpu': _cpu_model()}
+            'machine': platform.machine(), 'cpu': cpu_model()}
 
 
 def write_json_atomic(path, obj):

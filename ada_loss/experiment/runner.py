@@ -209,15 +209,21 @@ def run_cells(cfg, cells, out, resume=False, force=False, comm=None,
     return results
 
 
+def parse_args(argv, default_config=None, description=None, defaults=None):
+    """The grid runner's command line; ``defaults`` overrides argument
+    defaults (e.g. ``{'jobs': 2}``)."""
+    parser = build_parser(description, default_config)
+    parser.set_defaults(**(defaults or {}))
+    return parser.parse_args(argv)
+
+
 def main(argv=None, default_config=None, description=None, defaults=None,
          after=None):
     """Entry point of ``experiments/table1.py``, ``table4.py`` and the mini
     reproduction. ``defaults`` overrides argument defaults (e.g.
     ``{'jobs': 2}``); ``after(cfg, args, table)`` runs on rank 0 at the
     end."""
-    parser = build_parser(description, default_config)
-    parser.set_defaults(**(defaults or {}))
-    args = parser.parse_args(argv)
+    args = parse_args(argv, default_config, description, defaults)
     if args.help_config:
         print(C.describe_schema())
         return 0

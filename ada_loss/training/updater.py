@@ -56,6 +56,16 @@ def nonfinite_params(model, fmt=None):
             if _overflowed(p, fmt, in_format)]
 
 
+def call_loss(loss_func, in_arrays):
+    """``loss_func`` applied to a converted batch (a tuple, a dict or one
+    array), as Chainer's ``StandardUpdater`` does."""
+    if isinstance(in_arrays, tuple):
+        return loss_func(*in_arrays)
+    if isinstance(in_arrays, dict):
+        return loss_func(**in_arrays)
+    return loss_func(in_arrays)
+
+
 class MixedPrecisionUpdater(updaters.StandardUpdater):
     """One training step: forward, scaled backward, finite check, update.
 
@@ -92,12 +102,7 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         loss_func = self.loss_func or model
 
         model.cleargrads()
-        if isinstance(in_arrays, tuple):
-            loss = loss_func(*in_arrays)
-        elif isinstance(in_arrays, dict):
-            loss = loss_func(**in_arrays)
-        else:
-            loss = loss_func(in_arrays)
+        loss = call_loss(loss_func, in_arrays)
         self.loss_scaling.backward(loss)
         del loss
 
