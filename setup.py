@@ -6,10 +6,10 @@ setup(
     description='Adaptive loss scaling for mixed precision training '
                 '(Chainer reimplementation)',
     packages=find_packages(include=['ada_loss', 'ada_loss.*']),
-    python_requires='>=3.8',
+    python_requires='>=3.11',
     install_requires=[
-        'setuptools<74',   # chainer 7 imports pkg_resources at run time
-        'numpy>=1.20,<1.24',
+        # Chainer 7.8.1 runs on NumPy 2 through ada_loss/_chainer_compat.py
+        'numpy>=2',
         'scipy',
         'chainer==7.8.1',
         'chainercv==0.13.1',
@@ -26,8 +26,8 @@ setup(
     extras_require={
         'test': ['pytest'],
         'mpi': ['mpi4py', 'openmpi'],
-        # Chainer 7.8.1 supports CuPy v7 only (cupy-cudaXXX 7.8.x): Python <= 3.8,
-        # NumPy <= 1.19, CUDA 9.0-11.0. Not run in this project's CI.
-        'gpu': ['cupy>=7.7,<8'],
+        # CuPy 14 (no cuDNN) through ada_loss/_chainer_compat.py; see the
+        # README's GPU section (scripts/wheelhouse.sh, scripts/gpu_check.sh).
+        'gpu': ['cupy-cuda13x>=14'],
     },
 )

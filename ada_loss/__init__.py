@@ -16,13 +16,19 @@ from ada_loss.formats import FloatFormat, get_format  # NOQA
 from ada_loss.loss_scale import (  # NOQA
     DynamicLossScale, common_scale, gemm_loss_scale, gemm_scale_bounds)
 
+from ada_loss import _chainer_compat
+
 try:
     with _warnings.catch_warnings():
-        # Chainer 7 imports numpy.distutils and pkg_resources, deprecated on
-        # Python 3.11; the warnings concern Chainer's packaging, not the user.
+        # Chainer 7 imports numpy.distutils and pkg_resources, both deprecated;
+        # the warnings concern Chainer's packaging, not the user.
         _warnings.filterwarnings('ignore', category=DeprecationWarning)
         _warnings.filterwarnings('ignore', category=PendingDeprecationWarning)
+        _warnings.filterwarnings('ignore', 'pkg_resources is deprecated',
+                                 UserWarning)
+        _chainer_compat.apply()     # NumPy 2, Python 3.12, setuptools 82
         import chainer  # NOQA
+        _chainer_compat.apply_cuda()
 except ImportError:     # the framework-free parts above still work
     chainer = None
 

@@ -53,12 +53,15 @@ Use :func:`create_multi_node_optimizer` instead of ChainerMN's function.
 """
 import numpy
 
+from ada_loss import _chainer_compat
 from ada_loss.training.updater import MixedPrecisionUpdater, all_grads_finite
 
 
 def create_communicator(name='naive'):
     """A ChainerMN communicator (``'naive'`` runs on CPU)."""
     import chainermn
+    import chainermn.communicators._memory_utility  # NOQA
+    _chainer_compat.apply_chainermn()   # NumPy 2: flat/non-CUDA-aware ones
     return chainermn.create_communicator(name)
 
 
