@@ -129,7 +129,8 @@ class ResNetStep(object):
     """
 
     def __init__(self, mode, batch=128, fp16_gemm='emulated', seed=0,
-                 num_classes=10, precision=None):
+                 num_classes=10, precision=None, device=None, model='resnet20',
+                 insize=32):
         from ada_loss.models import build_model
         from ada_loss.scaling import make_loss_scaling, resolve_precision
         from ada_loss.training import (
@@ -140,12 +141,15 @@ class ResNetStep(object):
         self.dtype = resolve_precision(mode, precision)
         numpy.random.seed(seed)
         with dtype_config(self.dtype):
-            self.model = Classifier(build_model('resnet20', num_classes),
+            self.model = Classifier(build_model(model, num_classes),
                                     self.dtype)
+        if device is not None:      # e.g. '@cupy:0'
+            self.model.to_device(device)
         opt = setup_optimizer(chainer.optimizers.MomentumSGD(0.05), self.model,
                               self.dtype)
         rng = numpy.random.RandomState(seed)
-        x = rng.standard_normal((batch, 3, 32, 32)).astype(numpy.float32)
+        x = rng.standard_normal((batch, 3, insize, insize)).astype(
+            numpy.float32)
         t = rng.randint(0, num_classes, size=batch).astype(numpy.int32)
         data = [(x[i], t[i]) for i in range(batch)]
         it = chainer.iterators.SerialIterator(data, batch, repeat=True,
@@ -155,7 +159,7 @@ class ResNetStep(object):
         # of converted layers then, which is not wanted in a benchmark table.
         with contextlib.redirect_stdout(io.StringIO()):
             self.updater = MixedPrecisionUpdater(it, opt, self.scaling,
-                                                 mode=mode)
+                                                 mode=mode, device=device)
         self._reporter = chainer.reporter.Reporter()
         self._reporter.add_observer('main', self.model)
         #: seconds spent, last step, in the backward pass and (adaptive) in
