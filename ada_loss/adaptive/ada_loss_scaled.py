@@ -7,6 +7,7 @@ import numpy
 
 from ada_loss.adaptive.backward import ScaledBackprop
 from ada_loss.formats import get_format
+from ada_loss.functions.gemm import is_device_scalar
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.gemm import (
     check_bound, check_scale, gemm_loss_scale, round_down_pow2)
@@ -109,17 +110,33 @@ class AdaLossScaled(object):
         recompute = ((self.iteration - 1) % self.update_interval == 0
                      or key not in self._betas)
         if recompute:
-            gain = (func.grad_input_gain(W) if self.bound == 'output'
-                    else None)
-            beta = gemm_loss_scale(W, g, self.t_uf, self.fmt,
-                                   bound=self.bound, gain=gain,
-                                   max_scale=self.max_layer_scale)
+            if is_device_scalar(alpha):
+                beta = self._gemm_scale_on_device(func, W, g)
+            else:
+                gain = (func.grad_input_gain(W) if self.bound == 'output'
+                        else None)
+                beta = gemm_loss_scale(W, g, self.t_uf, self.fmt,
+                                       bound=self.bound, gain=gain,
+                                       max_scale=self.max_layer_scale)
             self._betas[key] = beta
         return self._cap_accum(alpha, self._betas[key])
 
+    def _gemm_scale_on_device(self, func, W, g):
+        """β as a 0-d device array (CuPy kernels, no synchronization)."""
+        from ada_loss.loss_scale import device
+        gain = (device.grad_input_gain(W, func.grad_input_axes)
+                if self.bound == 'output' else None)
+        return device.gemm_loss_scale(
+            W, g, self.t_uf, self.fmt, bound=self.bound, gain=gain,
+            max_scale=self.max_layer_scale)
+
     def _cap_accum(self, alpha, beta):
-        if self.max_accum_scale is not None and \
-                alpha * beta > self.max_accum_scale:
+        if self.max_accum_scale is None:
+            return beta
+        if is_device_scalar(alpha) or is_device_scalar(beta):
+            from ada_loss.loss_scale import device
+            return device.cap_accum(beta, alpha, self.max_accum_scale)
+        if alpha * beta > self.max_accum_scale:
             beta = round_down_pow2(self.max_accum_scale / alpha)
         return beta
 
@@ -155,18 +172,26 @@ class AdaLossScaled(object):
         Keys are link paths without the leading slash (``'res2/0/conv1'``),
         values are Python floats (powers of two).
         """
-        return collections.OrderedDict(
-            (k, a) for k, (a, _) in self._records.items())
+        return self._read_records(0)
 
     def layer_scales(self):
         """{layer path: β, the local loss scale of that GEMM} (last pass)."""
-        return collections.OrderedDict(
-            (k, b) for k, (_, b) in self._records.items())
+        return self._read_records(1)
+
+    def _read_records(self, which):
+        # On a device the records are 0-d arrays: read lazily, all of them
+        # with one transfer.
+        keys = list(self._records)
+        values = [self._records[k][which] for k in keys]
+        if any(is_device_scalar(v) for v in values):
+            from ada_loss.loss_scale import device
+            values = device.to_floats(values)
+        return collections.OrderedDict(zip(keys, values))
 
     def serialize(self, serializer):
         """Saves/loads the iteration count and the β cache (for resume)."""
         self.iteration = int(serializer('iteration', self.iteration))
-        keys = sorted(self._betas)
+        keys = sorted(self._betas, key=str)
         if isinstance(serializer, chainer.serializer.Deserializer):
             keys = [k for k in str(serializer('beta_keys', '')).split('\n')
                     if k]
@@ -174,5 +199,8 @@ class AdaLossScaled(object):
             self._betas = {k: float(v) for k, v in zip(keys, vals)}
         else:
             serializer('beta_keys', '\n'.join(keys))
-            serializer('beta_values', numpy.array(
-                [self._betas[k] for k in keys], dtype=numpy.float64))
+            values = [self._betas[k] for k in keys]
+            if any(is_device_scalar(v) for v in values):
+                from ada_loss.loss_scale import device
+                values = device.to_floats(values)
+            serializer('beta_values', numpy.array(values, dtype=numpy.float64))

@@ -36,7 +36,7 @@ from chainer.functions.connection import linear as _c_linear
 from chainer.functions.math import matmul as _c_matmul
 
 from ada_loss.formats.widen import widen
-from ada_loss.functions.gemm import GemmFunction
+from ada_loss.functions.gemm import GemmFunction, is_device_scalar
 from ada_loss.loss_scale.branch import common_scale
 from ada_loss.loss_scale.gemm import max_abs
 
@@ -53,8 +53,34 @@ def _max_abs(v):
     return max_abs(v.array)
 
 
+def _on_device(scale):
+    return is_device_scalar(scale)
+
+
+def _common_scale(scales, grads, u_max):
+    """Algorithm 5 for gradients ``grads`` (Variables) carried at
+    ``scales``: on the device when any scale is a device scalar (no host
+    synchronization), else in Python."""
+    if any(_on_device(a) for a in scales):
+        from ada_loss.loss_scale import device
+        return device.common_scale(
+            scales, [device.max_abs(g.array) for g in grads], u_max)
+    return common_scale(scales, lambda k: _max_abs(grads[k]), u_max)
+
+
+def _scale_product(a, b):
+    """α·β of two scales (numbers or device scalars); 1 leaves α as it is."""
+    if not _on_device(b) and b == 1:
+        return a
+    return a * b
+
+
 def _rescale(v, ratio):
     """``ratio · v`` for a power-of-two ``ratio``: exact up to underflow."""
+    if _on_device(ratio):
+        from ada_loss.loss_scale import device
+        return chainer.Variable(device.rescale(v.array, ratio),
+                                requires_grad=False)
     if ratio == 1:
         return v
     a = v.array
@@ -102,8 +128,7 @@ class ScaledBackprop(object):
         if len(entries) == 1:
             return entries[0]
         scales = [a for _, a in entries]
-        alpha = common_scale(scales, lambda k: _max_abs(entries[k][0]),
-                             self.u_max)
+        alpha = _common_scale(scales, [g for g, _ in entries], self.u_max)
         grads = [_rescale(g, alpha / a) for g, a in entries]
         # A left fold in arrival order, like Chainer's eager reduction.
         total = grads[0]
@@ -125,6 +150,10 @@ class ScaledBackprop(object):
                     '{}'.format(loss.shape))
             xp = backend.get_array_module(loss.array)
             gy = chainer.Variable(xp.ones_like(loss.array), requires_grad=False)
+        if not isinstance(gy.array, numpy.ndarray):
+            # On a device every α and β stays there: 0-d float64 arrays.
+            from ada_loss.loss_scale import device
+            init_scale = device.scalar(float(init_scale))
         gy = _rescale(gy, init_scale)
         loss.grad_var = None
 
@@ -137,7 +166,7 @@ class ScaledBackprop(object):
                 heapq.heappush(heap, (-func.rank, len(seen), func))
                 seen.add(func)
 
-        grads[loss.node] = [(gy, float(init_scale))]
+        grads[loss.node] = [(gy, init_scale)]
         add_cand(loss.creator_node)
 
         hooks_base = chainer.get_function_hooks().values()
@@ -157,7 +186,11 @@ class ScaledBackprop(object):
                     + entries
             g, alpha = self._merge(entries, node)
             var._set_grad_var_without_check(g)
-            var._loss_scale = None if alpha in (None, 1.0) else alpha
+            if _on_device(alpha):
+                # UpdateRule divides the gradient by it on the device.
+                var._loss_scale = alpha
+            else:
+                var._loss_scale = None if alpha in (None, 1.0) else alpha
         return self
 
     def _step(self, func, grads, add_cand, leaves, hooks_base):
@@ -174,12 +207,16 @@ class ScaledBackprop(object):
                    if g is not None]
         if not present:
             return
-        scales = [a for _, _, a in present]
-        alpha = common_scale(scales, lambda k: _max_abs(present[k][1]),
-                             self.u_max)
         out_grad = [None] * len(outputs)
-        for i, g, a in present:
-            out_grad[i] = _rescale(g, alpha / a)
+        if len(present) == 1:
+            i, g, alpha = present[0]
+            out_grad[i] = g
+        else:
+            scales = [a for _, _, a in present]
+            alpha = _common_scale(scales, [g for _, g, _ in present],
+                                  self.u_max)
+            for i, g, a in present:
+                out_grad[i] = _rescale(g, alpha / a)
         out_grad = tuple(out_grad)
 
         in_scales = [alpha] * len(inputs)
@@ -194,7 +231,7 @@ class ScaledBackprop(object):
                 beta = self.gemm_scale(func, func.gemm_weight(),
                                        out_grad[0].array, alpha)
             func.grad_input_scale = beta
-            in_scales[0] = alpha * beta
+            in_scales[0] = _scale_product(alpha, beta)
             if self.weight_scale is not None and any(
                     i in targets for i in (1, 2)):
                 x = func.get_retained_inputs()[0].array
@@ -228,7 +265,7 @@ class ScaledBackprop(object):
             # rule's, times the power of two that fits an overflowing
             # weight gradient into the format); their leaves carry it.
             for i in range(1, len(inputs)):
-                in_scales[i] = alpha * func.weight_grad_scale
+                in_scales[i] = _scale_product(alpha, func.weight_grad_scale)
         for hook in hooks:
             hook.backward_postprocess(func, in_data, out_arrays)
         if is_gemm and self.observe is not None:

@@ -15,6 +15,7 @@ The mode is the Chainer configuration key ``fp16_gemm``:
 CuPy arrays always use the native FP16 GEMM of cuBLAS/cuDNN.
 """
 import chainer
+from chainer.backends import cuda
 import numpy
 
 from ada_loss.formats.widen import widen  # NOQA (re-exported)
@@ -48,6 +49,9 @@ def round_to(y, dtype, scale=1):
     operand; scaling the accumulator avoids an FP16 overflow of the scaled
     operand itself.
     """
-    if scale != 1:
+    if isinstance(scale, cuda.ndarray):     # kept on the device
+        from ada_loss.loss_scale import device
+        y = device.rescale(y, scale)
+    elif scale != 1:
         y = y * numpy.float32(scale)
     return y.astype(dtype, copy=False)

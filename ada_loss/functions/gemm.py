@@ -17,6 +17,7 @@ import numpy
 
 import chainer
 from chainer import backend
+from chainer.backends import cuda
 from chainer import function_node
 
 from ada_loss.formats.widen import widen
@@ -72,7 +73,15 @@ class FP16Emulation(object):
             return tuple(round_to(y, numpy.float16, self._fit(y, 65504.0))
                          for y in ys)
         self.applied_scale = self.output_scale
-        if self.output_scale != 1:
+        if is_device_scalar(self.output_scale):
+            # A scale kept on the device (the ⟨α, δ⟩ backward on CuPy): one
+            # kernel, FP32 product rounded once, no host synchronization.
+            from ada_loss.loss_scale import device
+            i = self.scaled_input
+            inputs = inputs[:i] + (device.rescale(inputs[i],
+                                                  self.output_scale),) \
+                + inputs[i + 1:]
+        elif self.output_scale != 1:
             i = self.scaled_input
             a = inputs[i]
             if a.dtype == numpy.float16:
@@ -87,9 +96,17 @@ class FP16Emulation(object):
         return super(FP16Emulation, self).forward(inputs)
 
 
+def is_device_scalar(scale):
+    """Whether a loss scale is a 0-d device array (not a Python number)."""
+    return isinstance(scale, cuda.ndarray)
+
+
 def round_to_format(y, fmt, scale=1):
     """``scale · y`` (FP32, a power of two: exact) rounded to ``fmt``."""
-    if scale != 1:
+    if is_device_scalar(scale):
+        from ada_loss.loss_scale import device
+        y = device.rescale(y, scale)
+    elif scale != 1:
         y = y * numpy.float32(scale)
     return fmt.quantize(y)
 
@@ -136,6 +153,9 @@ class BiasGrad(function_node.FunctionNode):
             return round_to(gy.sum(axis=self.axis, dtype=numpy.float32),
                             gy.dtype, self.scale),
         s = gy.sum(axis=self.axis)
+        if is_device_scalar(self.scale):
+            from ada_loss.loss_scale import device
+            return device.rescale(s, self.scale),
         return s if self.scale == 1 else s * s.dtype.type(self.scale),
 
     def backward(self, indexes, grad_outputs):

@@ -1,5 +1,6 @@
 """StandardUpdater whose backward is done by a loss-scaling method."""
 import chainer
+import numpy
 from chainer import backend
 from chainer.training import updaters
 
@@ -44,7 +45,24 @@ def all_grads_finite(model, fmt=None):
     """
     in_format = _format_params(model) if fmt is not None and \
         fmt.saturates else None
-    return not any(_overflowed(p, fmt, in_format) for p in model.params())
+    params = list(model.params())
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads and not isinstance(grads[0], numpy.ndarray):
+        # On a device: one flag per gradient, stacked, and a single
+        # device-to-host transfer (the step's one synchronization).
+        xp = backend.get_array_module(grads[0])
+        flags = [_finite_flag(xp, p, fmt, in_format) for p in params
+                 if p.grad is not None]
+        return bool(xp.stack(flags).all())
+    return not any(_overflowed(p, fmt, in_format) for p in params)
+
+
+def _finite_flag(xp, param, fmt, in_format):
+    g = param.grad
+    if fmt is not None and fmt.saturates and (
+            in_format is None or id(param) in in_format):
+        return (xp.abs(g) < fmt.u_max).all()
+    return xp.isfinite(g).all()
 
 
 def nonfinite_params(model, fmt=None):
