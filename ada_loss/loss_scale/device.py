@@ -356,3 +356,48 @@ def to_floats(values):
         for i, v in zip(idx, host):
             values[i] = float(v)
     return [float(v) for v in values]
+
+
+# -- diagnostics: does code wait for the device? ---------------------------
+_SPIN = r'''
+extern "C" __global__ void ada_loss_spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+'''
+
+
+def count_synchronizations(fn):
+    """Runs ``fn()``; returns the number of device synchronizations CuPy
+    declared meanwhile (``cupy._core.syncdetect``: device-to-host copies,
+    ``float()``/``bool()`` of device arrays, stream synchronizations)."""
+    from cupy._core import syncdetect
+    count = [0]
+    original = syncdetect._declare_synchronize
+
+    def counting():
+        count[0] += 1
+        return original()
+    syncdetect._declare_synchronize = counting
+    try:
+        fn()
+    finally:
+        syncdetect._declare_synchronize = original
+    return count[0]
+
+
+def waits_for_device(fn, seconds=1.0):
+    """Runs ``fn()`` behind a kernel that spins for ``seconds`` on the same
+    stream; True if the host waited for the device during ``fn`` (any
+    synchronization, declared by CuPy or not, waits for the spin)."""
+    spin = cupy.RawKernel(_SPIN, 'ada_loss_spin')
+    rate = cupy.cuda.runtime.getDeviceProperties(
+        cupy.cuda.Device().id)['clockRate'] * 1e3     # kHz -> Hz
+    done = cupy.cuda.Event()
+    cupy.cuda.Device().synchronize()
+    spin((1,), (1,), (cupy.int64(int(rate * seconds)),))
+    done.record()
+    fn()
+    waited = done.done
+    cupy.cuda.Device().synchronize()
+    return waited

@@ -1,0 +1,194 @@
+#!/usr/bin/env python
+"""Adaptive loss scaling on a GPU: cost of the statistics, synchronizations,
+step time and throughput, each as a ratio from one run (CuPy 14, Chainer's
+im2col/cuBLAS path: no cuDNN).
+
+(a) statistics / backward GEMMs: for every GEMM layer of ResNet-50 (batch 64,
+    224x224) and CIFAR ResNet-20 (batch 128) in mixed16, the GPU time of the
+    layer's loss-scale computation on the device (E[x²] and max|x| of W and of
+    the incoming gradient, the output bound's gain, β) against the GPU time
+    of the layer's backward GEMMs (input and weight gradient), both by CUDA
+    events (``cupyx.profiler.benchmark``), summed over the layers.
+(b) host synchronizations in one ⟨α, δ⟩ backward: counted by CuPy's
+    declarations, and checked behind a spinning kernel (a synchronization of
+    any kind would wait for it).
+(c) step time (forward, backward, finite check, MomentumSGD update),
+    adaptive / fixed:128 in mixed16 at update interval 1 and 100, and
+    float32 / mixed16 images per second; steps interleaved round-robin,
+    each ended by a device synchronization; medians.
+
+    python scripts/bench_gpu.py [--repeats 20] [--json PATH]
+"""
+import argparse
+import json
+import sys
+import time
+
+import bench_common as bc  # NOQA (puts the project on sys.path)
+import numpy
+
+import chainer
+import cupy
+from cupyx.profiler import benchmark
+
+from ada_loss.loss_scale import device
+
+DEVICE = '@cupy:0'
+MODELS = {'resnet20': dict(batch=128, insize=32, num_classes=10),
+          'resnet50': dict(batch=64, insize=224, num_classes=1000)}
+
+
+def _step(model, mode, precision):
+    m = MODELS[model]
+    return bc.ResNetStep(mode, m['batch'], precision=precision,
+                         device=DEVICE, model=model, insize=m['insize'],
+                         num_classes=m['num_classes'])
+
+
+def gpu_ms(fn, repeats):
+    r = benchmark(fn, n_repeat=repeats, n_warmup=3)
+    return float(numpy.median(r.gpu_times[0])) * 1e3
+
+
+def statistics_vs_gemms(model, repeats):
+    """(a) for one model; returns a record."""
+    s = _step(model, 'adaptive', 'mixed16')
+    ada = s.scaling.ada
+    captured = []
+    inner = ada._gemm_scale_on_device
+
+    def capture(func, W, g):
+        captured.append((func, W, g))
+        return inner(func, W, g)
+    ada._gemm_scale_on_device = capture
+    s.step()
+    ada._gemm_scale_on_device = inner
+    # a forward whose graph is kept, to call each GEMM node's backward
+    with chainer.using_config('train', True):
+        x, t = s.updater.converter(
+            s.updater.get_iterator('main').next(), DEVICE)
+        loss = s.model(x, t)
+    nodes = {}
+    stack = [loss.creator_node]
+    while stack:
+        f = stack.pop()
+        if f is None or id(f) in nodes:
+            continue
+        nodes[id(f)] = f
+        stack.extend(v.creator_node for v in f.inputs)
+    gemms = {getattr(f, 'scale_key', None): f for f in nodes.values()}
+    stats_ms = gemm_ms = 0.0
+    layers = 0
+    for func, W, g in captured:
+        node = gemms.get(func.scale_key)
+        if node is None:
+            continue
+        gy = chainer.Variable(g)
+        targets = tuple(i for i, v in enumerate(node.inputs)
+                        if v.requires_grad)
+        stats_ms += gpu_ms(lambda: inner(func, W, g), repeats)
+        with chainer.using_config('enable_backprop', False):
+            gemm_ms += gpu_ms(lambda: node.backward(targets, (gy,)), repeats)
+        layers += 1
+    return dict(model=model, batch=MODELS[model]['batch'], layers=layers,
+                statistics_ms=stats_ms, gemms_ms=gemm_ms,
+                ratio=stats_ms / gemm_ms)
+
+
+def synchronizations(model):
+    """(b): syncs in one backward, and whether it waited for the device."""
+    s = _step(model, 'adaptive', 'mixed16')
+    s.step()
+
+    def prepared():
+        with chainer.using_config('train', True):
+            s.model.cleargrads()
+            x, t = s.updater.converter(
+                s.updater.get_iterator('main').next(), DEVICE)
+            loss = s.model(x, t)
+        cupy.cuda.Device().synchronize()
+        return lambda: s.scaling.ada.backward(loss)
+    with chainer.using_config('train', True):
+        count = device.count_synchronizations(prepared())
+        waited = device.waits_for_device(prepared())
+    return dict(model=model, synchronizations_per_backward=count,
+                backward_waited_for_device=waited)
+
+
+def step_times(model, repeats):
+    """(c) for one model: medians of interleaved, synchronized steps."""
+    configs = [('float32', 'fp32'), ('mixed16', 'fixed:128'),
+               ('mixed16', 'adaptive'),
+               ('mixed16', 'adaptive:update_interval=100')]
+    steps = {c: _step(model, c[1], c[0]) for c in configs}
+    for _ in range(3):
+        for st in steps.values():
+            st.step()
+    times = {c: [] for c in configs}
+    for _ in range(repeats):
+        for c, st in steps.items():
+            cupy.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            st.step()
+            cupy.cuda.Device().synchronize()
+            times[c].append(time.perf_counter() - t0)
+    med = {c: float(numpy.median(v)) for c, v in times.items()}
+    batch = MODELS[model]['batch']
+    fixed = med[('mixed16', 'fixed:128')]
+    return dict(
+        model=model, batch=batch, repeats=repeats,
+        seconds={'{} {}'.format(*c): v for c, v in med.items()},
+        adaptive_over_fixed_interval1=med[('mixed16', 'adaptive')] / fixed,
+        adaptive_over_fixed_interval100=med[
+            ('mixed16', 'adaptive:update_interval=100')] / fixed,
+        images_per_second_float32=batch / med[('float32', 'fp32')],
+        images_per_second_mixed16=batch / fixed)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--repeats', type=int, default=20)
+    p.add_argument('--models', default='resnet20,resnet50')
+    p.add_argument('--json', help='also write the records here')
+    args = p.parse_args()
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    info = dict(gpu=props['name'].decode(), cupy=cupy.__version__,
+                chainer=chainer.__version__, numpy=numpy.__version__,
+                python=sys.version.split()[0],
+                cudnn=chainer.backends.cuda.cudnn_enabled)
+    print(info)
+    out = dict(machine=info, statistics=[], synchronizations=[], steps=[])
+    models = args.models.split(',')
+    for m in models:
+        r = statistics_vs_gemms(m, args.repeats)
+        print('(a) {model} batch {batch}: statistics {statistics_ms:.3f} ms '
+              '/ backward GEMMs {gemms_ms:.3f} ms over {layers} layers = '
+              '{ratio:.4f}'.format(**r), flush=True)
+        out['statistics'].append(r)
+    for m in models:
+        r = synchronizations(m)
+        print('(b) {model}: {synchronizations_per_backward} synchronizations '
+              'per backward; waited for the device: '
+              '{backward_waited_for_device}'.format(**r), flush=True)
+        out['synchronizations'].append(r)
+    for m in models:
+        r = step_times(m, args.repeats)
+        print('(c) {} batch {}, medians of {} interleaved steps:'.format(
+            m, r['batch'], r['repeats']))
+        for k, v in r['seconds'].items():
+            print('    {:<40s} {:8.4f} s'.format(k, v))
+        print('    adaptive / fixed:128 (mixed16): interval 1 {:.3f}, '
+              'interval 100 {:.3f}'.format(
+                  r['adaptive_over_fixed_interval1'],
+                  r['adaptive_over_fixed_interval100']))
+        print('    images/s: float32 {:.0f}, mixed16 {:.0f}'.format(
+            r['images_per_second_float32'], r['images_per_second_mixed16']),
+            flush=True)
+        out['steps'].append(r)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()
