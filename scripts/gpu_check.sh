@@ -3,7 +3,8 @@
 # scripts/wheelhouse.sh into a private target, then runs the GPU tests and
 # the GPU benchmark, writing everything under OUTDIR.
 #   scripts/gpu_check.sh OUTDIR [WHEELDIR]      (WHEELDIR default: .whl)
-# Uses the machine's python3 (NumPy 2, CuPy 14, pytest); PYTHON= to choose.
+# Uses the machine's python3 (NumPy 2, CuPy 14, pytest) through a private
+# environment that sees its packages; PYTHON= to choose another.
 # Files: env.txt (stack, CUDA availability), tests.txt (pytest -m gpu -rs),
 # bench_gpu.txt and bench_gpu.json (scripts/bench_gpu.py).
 set -uo pipefail
@@ -12,10 +13,20 @@ cd "$(dirname "$0")/.."
 OUT=$(mkdir -p "$1" && cd "$1" && pwd)
 WHEELS=${2:-.whl}
 PY=${PYTHON:-python3}
-SITE=$(mktemp -d)/site
-"$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
-  "$WHEELS"/*.whl || { echo "gpu_check.sh: installing $WHEELS failed" >&2; exit 1; }
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# A private environment over the machine's packages (NumPy, CuPy, ...):
+# only the wheels go into it, and the start-up hook of _chainer_compat.
+ENV=$(mktemp -d)/env
+"$PY" -m venv --system-site-packages --without-pip "$ENV" || exit 1
+"$PY" -m pip --python "$ENV/bin/python" install -q --no-index --no-deps \
+  --no-compile "$WHEELS"/*.whl \
+  || { echo "gpu_check.sh: installing $WHEELS failed" >&2; exit 1; }
+# The machine's python3 may itself be a virtual environment, whose packages
+# --system-site-packages does not reach: name its package folders too.
+"$PY" -c 'import site; print("\n".join(site.getsitepackages()))' \
+  > "$("$ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine_packages.pth"
+PY="$ENV/bin/python"
+"$PY" ada_loss/_chainer_compat.py --write-startup-hook || exit 1
+export PYTHONUNBUFFERED=1
 rc=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
