@@ -5,6 +5,10 @@ Drop-in replacements of ``chainer.functions.linear``, ``convolution_2d`` and
 NumPy arrays they compute with FP32 accumulation (see
 :mod:`ada_loss.functions.fp16_gemm`), and their backward honours a layer-wise
 loss scale β for the input gradient (Algorithm 3).
+
+The element-wise nodes of mixed16 — :func:`relu`, :func:`add`,
+:func:`batch_normalization` — give Chainer's float16 results bit for bit,
+faster on NumPy (see :mod:`ada_loss.functions.fp16_elementwise`).
 """
 from ada_loss.functions.gemm import (  # NOQA
     GemmFunction, Quantize, gemm_function_types, quantize)
@@ -13,3 +17,7 @@ from ada_loss.functions.convolution_2d import (  # NOQA
     Convolution2DFunction, convolution_2d)
 from ada_loss.functions.deconvolution_2d import (  # NOQA
     Deconvolution2DFunction, deconvolution_2d)
+from ada_loss.functions.add import add  # NOQA
+from ada_loss.functions.batch_normalization import (  # NOQA
+    batch_normalization)
+from ada_loss.functions.relu import relu  # NOQA

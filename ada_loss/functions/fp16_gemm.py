@@ -18,6 +18,7 @@ import chainer
 from chainer.backends import cuda
 import numpy
 
+from ada_loss.formats.narrow import narrow
 from ada_loss.formats.widen import widen  # NOQA (re-exported)
 
 FP16_GEMM_MODES = ('emulated', 'native')
@@ -47,11 +48,16 @@ def round_to(y, dtype, scale=1):
     ``scale`` is a power of two (a layer-wise loss scale, Algorithm 3), so
     ``scale * y`` is exact in FP32 and equals accumulating the pre-scaled
     operand; scaling the accumulator avoids an FP16 overflow of the scaled
-    operand itself.
+    operand itself. float32 → float16 on NumPy is
+    :func:`ada_loss.formats.narrow`: NumPy's cast bit for bit, without its
+    slow path for subnormal results (gradients have many).
     """
     if isinstance(scale, cuda.ndarray):     # kept on the device
         from ada_loss.loss_scale import device
         y = device.rescale(y, scale)
     elif scale != 1:
         y = y * numpy.float32(scale)
+    if (isinstance(y, numpy.ndarray) and y.dtype == numpy.float32
+            and numpy.dtype(dtype) == numpy.float16):
+        return narrow(y)
     return y.astype(dtype, copy=False)

@@ -1,0 +1,277 @@
+"""mixed16 element-wise nodes (ada_loss.functions.relu, add,
+batch_normalization) against Chainer's own float16 path, bit for bit.
+
+The reference is always Chainer's own function on NumPy float16 arrays (or
+the ada_loss function with ``chainer.config.fp16_elementwise = 'native'``,
+which calls it). Every comparison is of bit patterns, strides included
+(memory order decides how later reductions sum).
+
+* ReLU forward on all 65536 float16 patterns; its gradient on all 65536 gy
+  patterns against y of every class (positive, ±0, negative, subnormal,
+  ±Inf, NaN), the Inf/NaN fallback included.
+* Addition on the cross product of float16 edge values (subnormals, ties
+  that round to even, sums that reach 65504, 65520 and overflow to ±Inf,
+  ±Inf, NaN, signed zeros) and on random pairs of all magnitudes.
+* Batch normalization: y, batch statistics, running averages, gx, gγ, gβ,
+  for NCHW, NHWC-ordered, large feature maps (reduced runs longer than
+  NumPy's 8192-element buffer) and (N, C) inputs, with subnormal and
+  non-finite inputs; and the link in training and evaluation.
+"""
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+from chainer.functions.activation.relu import ReLUGrad2
+
+from ada_loss import functions as AF
+from ada_loss import links as AL
+from ada_loss.functions.add import Add
+from ada_loss.functions.batch_normalization import (
+    Float16BatchNormalizationImpl)
+from ada_loss.functions.fp16_elementwise import fp16_elementwise_mode
+from ada_loss.functions.relu import ReLU, ReLUGrad
+
+F16, F32, U16 = numpy.float16, numpy.float32, numpy.uint16
+ALL16 = numpy.arange(1 << 16, dtype=U16).view(F16)
+
+
+def bits(a):
+    a = getattr(a, 'array', a)
+    return a.view(U16) if a.dtype == F16 else a.view(numpy.uint32)
+
+
+def assert_same(a, b):
+    a, b = getattr(a, 'array', a), getattr(b, 'array', b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.strides == b.strides
+    assert numpy.array_equal(bits(a), bits(b))
+
+
+def native():
+    return chainer.using_config('fp16_elementwise', 'native')
+
+
+def test_mode_switch():
+    assert fp16_elementwise_mode() == 'emulated'
+    with native():
+        assert fp16_elementwise_mode() == 'native'
+    with chainer.using_config('fp16_elementwise', 'fast'):
+        with pytest.raises(ValueError, match='emulated, native'):
+            fp16_elementwise_mode()
+
+
+# -- ReLU ------------------------------------------------------------------
+def test_relu_forward_all_patterns():
+    y = AF.relu(ALL16)
+    assert isinstance(y.creator, ReLU)
+    with native():
+        ref = AF.relu(ALL16)
+    assert not isinstance(ref.creator, ReLU)
+    assert_same(y, ref)
+    assert_same(y, F.relu(ALL16))
+
+
+def y_classes():
+    """y values of every class, as ReLU outputs and as arbitrary arrays."""
+    return numpy.array([1.0, 2.0 ** -24, 65504.0, numpy.inf, 0.0, -0.0,
+                        -1.0, -2.0 ** -24, -numpy.inf, numpy.nan, -numpy.nan],
+                       F16)
+
+
+@pytest.mark.parametrize('finite_gy', [True, False])
+def test_relu_grad_all_patterns(finite_gy):
+    gy = ALL16
+    if finite_gy:     # the bit path (no fallback)
+        gy = gy[(gy.view(U16) & 0x7FFF) < 0x7C00]
+    with numpy.errstate(invalid='ignore'):      # Inf * 0
+        for yv in y_classes():
+            y = numpy.full(gy.shape, yv, F16)
+            out, = ReLUGrad(y).forward((gy,))
+            ref, = ReLUGrad2(y).forward_cpu((gy,))
+            assert_same(out, ref)
+        # interleaved classes
+        y = numpy.resize(y_classes(), gy.shape)
+        assert_same(ReLUGrad(y).forward((gy,))[0],
+                    ReLUGrad2(y).forward_cpu((gy,))[0])
+
+
+def test_relu_backward_layouts_and_double_backward():
+    rs = numpy.random.RandomState(0)
+    x = _nhwc(rs.standard_normal((4, 3, 5, 6)).astype(F16))
+    g = (rs.standard_normal((4, 3, 5, 6)) * 1e-6).astype(F16)   # subnormals
+    gg = (rs.standard_normal((4, 3, 5, 6)) * 1e-3).astype(F16)
+    outs = []
+    for mode in ('emulated', 'native'):
+        with chainer.using_config('fp16_elementwise', mode):
+            v = chainer.Variable(x)
+            y = AF.relu(v)
+            gx, = chainer.grad([y], [v], grad_outputs=[chainer.Variable(g)],
+                               enable_double_backprop=True)
+            vg = chainer.Variable(g)
+            gx2, = chainer.grad([y], [v], grad_outputs=[vg],
+                                enable_double_backprop=True)
+            ggy, = chainer.grad([gx2], [vg],
+                                grad_outputs=[chainer.Variable(gg)])
+            outs.append((y, gx, ggy))
+    assert isinstance(outs[0][1].creator, ReLUGrad)
+    for a, b in zip(*outs):
+        assert_same(a, b)
+
+
+# -- addition --------------------------------------------------------------
+def add_edge_values():
+    f = [0.0, -0.0, 2.0 ** -24, -2.0 ** -24, 3 * 2.0 ** -24, 2.0 ** -14,
+         -2.0 ** -14, 2.0 ** -14 - 2.0 ** -24, 1.0, 1.0 + 2.0 ** -10,
+         2.0 ** -11, 3 * 2.0 ** -11, -1.0, 2048.0, 1.0, 0.5, 65504.0,
+         -65504.0, 16.0, 32.0, 8.0, 65472.0, 32752.0, numpy.inf, -numpy.inf,
+         numpy.nan, 1e-3, -7e-5, 6e-8]
+    v = numpy.array(f, F16)
+    # a few NaN payloads and the largest subnormal
+    extra = numpy.array([0x7E01, 0xFE00, 0x7C01, 0x03FF, 0x83FF, 0x7BFF],
+                        U16).view(F16)
+    return numpy.concatenate([v, extra])
+
+
+def test_add_edge_value_pairs():
+    v = add_edge_values()
+    a, b = numpy.meshgrid(v, v)
+    a, b = a.ravel(), b.ravel()
+    with numpy.errstate(all='ignore'):
+        ref = a + b
+    # sums that round to 65504, to Inf, and ties to even are among them
+    assert numpy.isinf(ref[numpy.isfinite(a) & numpy.isfinite(b)]).any()
+    # below narrow's 1024-element threshold NumPy casts; pad past it
+    a, b, ref = (numpy.tile(z, 8) for z in (a, b, ref))
+    assert a.size >= 4096
+    out, = Add().forward((a, b))
+    assert_same(out, ref)
+
+
+def test_add_random_pairs_and_layouts():
+    rs = numpy.random.RandomState(0)
+    n = 1 << 18
+    with numpy.errstate(all='ignore'):
+        a = rs.randint(0, 1 << 16, n).astype(U16).view(F16)    # any pattern
+        b = (rs.standard_normal(n) * numpy.exp2(rs.uniform(-26, 16, n))
+             ).astype(F16)
+        c = (a.astype(F32) * F32(1 + 2.0 ** -11)).astype(F16)  # near ties
+        for x, y in ((a, b), (b, c), (c, a), (b, -b)):
+            assert_same(Add().forward((x, y))[0], x + y)
+        x4 = b.reshape(16, 16, 32, 32)
+        y4 = numpy.ascontiguousarray(
+            c.reshape(16, 32, 32, 16).transpose(0, 3, 1, 2))
+        t4 = numpy.ascontiguousarray(c.reshape(16, 32, 32, 16)).transpose(
+            0, 3, 1, 2)
+        for x, y in ((x4, y4), (x4, t4), (t4, x4), (t4, t4)):
+            assert_same(Add().forward((x, y))[0], x + y)
+
+
+def test_add_graph():
+    rs = numpy.random.RandomState(0)
+    a = rs.standard_normal((8, 4, 16, 16)).astype(F16)
+    b = rs.standard_normal((8, 4, 16, 16)).astype(F16)
+    va, vb = chainer.Variable(a), chainer.Variable(b)
+    y = AF.add(va, vb)
+    assert isinstance(y.creator, Add)
+    g = rs.standard_normal(a.shape).astype(F16)
+    y.grad = g
+    y.backward()
+    assert va.grad is g or numpy.array_equal(bits(va.grad), bits(g))
+    assert_same(y, F.add(a, b))
+    # broadcasting and float32 go to Chainer
+    assert not isinstance(AF.add(va, vb[:1]).creator, Add)
+    assert not isinstance(AF.add(a.astype(F32), b.astype(F32)).creator, Add)
+
+
+# -- batch normalization ---------------------------------------------------
+def _bn_run(x, gy, mode, link_cls=L.BatchNormalization, seed=0):
+    """Forward and backward in training mode through the link ``link_cls``
+    or, if None, through ada_loss.functions.batch_normalization."""
+    size = x.shape[1]
+    with chainer.using_config('dtype', chainer.mixed16):
+        bn = (link_cls or L.BatchNormalization)(size)
+    rs = numpy.random.RandomState(seed)
+    bn.gamma.array[...] = rs.uniform(0.5, 2.0, size)
+    bn.beta.array[...] = rs.standard_normal(size)
+    bn.avg_mean[...] = rs.standard_normal(size)
+    bn.avg_var[...] = rs.uniform(0.5, 2.0, size)
+    bn.cleargrads()
+    with chainer.using_config('fp16_elementwise', mode), \
+            chainer.using_config('train', True):
+        vx = chainer.Variable(x)
+        y = AF.batch_normalization(
+            vx, bn.gamma, bn.beta, running_mean=bn.avg_mean,
+            running_var=bn.avg_var) if link_cls is None else bn(vx)
+        y.grad = gy
+        y.backward()
+        impl = y.creator._impl
+    return dict(y=y.array, gx=vx.grad, ggamma=bn.gamma.grad,
+                gbeta=bn.beta.grad, mean=bn.avg_mean.copy(),
+                var=bn.avg_var.copy(), impl=impl)
+
+
+def _nhwc(a):
+    return numpy.ascontiguousarray(numpy.moveaxis(a, 1, -1)).transpose(
+        0, 3, 1, 2) if a.ndim == 4 else a
+
+
+def _bn_inputs(shape, layout, seed=0, scale_gy=1e-5):
+    rs = numpy.random.RandomState(seed)
+    x = (rs.standard_normal(shape) * 2 + 0.5).astype(F16)
+    # gradients around FP16's subnormal range
+    gy = (rs.standard_normal(shape) * scale_gy).astype(F16)
+    if layout == 'nhwc':
+        x, gy = _nhwc(x), _nhwc(gy)
+    return x, gy
+
+
+@pytest.mark.parametrize('shape,layout', [
+    ((16, 8, 16, 16), 'nchw'),
+    ((16, 8, 16, 16), 'nhwc'),
+    ((2, 3, 96, 96), 'nchw'),     # per-channel runs of 9216 > 8192
+    ((2, 3, 96, 96), 'nhwc'),
+    ((64, 40), 'nchw'),
+])
+def test_batch_normalization_bits(shape, layout):
+    x, gy = _bn_inputs(shape, layout)
+    fast = _bn_run(x, gy, 'emulated', AL.BatchNormalization)
+    ref = _bn_run(x, gy, 'native')
+    assert isinstance(fast['impl'], Float16BatchNormalizationImpl)
+    assert not isinstance(ref['impl'], Float16BatchNormalizationImpl)
+    assert (numpy.abs(fast['gx'].astype(F32)) < 2.0 ** -14).mean() > 0.05
+    for k in ('y', 'gx', 'ggamma', 'gbeta', 'mean', 'var'):
+        assert_same(fast[k], ref[k])
+
+
+def test_batch_normalization_function_and_edge_values():
+    x, gy = _bn_inputs((8, 6, 12, 12), 'nchw', seed=3)
+    x[:, 0] = numpy.array(2.0 ** -24, F16)    # constant channel: var 0
+    x[:, 1] *= F16(2.0 ** -20)                 # subnormal inputs
+    x[0, 2, 0, 0] = numpy.inf                  # a non-finite channel
+    x[0, 3, 0, 0] = numpy.nan
+    x[:, 4] = numpy.clip(x[:, 4].astype(F32) * 3e4, -65504, 65504)  # large
+    gy[0, 5, :, :] = numpy.inf
+    with numpy.errstate(all='ignore'):
+        fast = _bn_run(x, gy, 'emulated', None)
+        ref = _bn_run(x, gy, 'native', None)
+    assert numpy.isnan(ref['y']).any()
+    for k in ('y', 'gx', 'ggamma', 'gbeta', 'mean', 'var'):
+        assert_same(fast[k], ref[k])
+
+
+def test_batch_normalization_link_conversion_and_eval():
+    from ada_loss.training.precision import apply_precision
+    with chainer.using_config('dtype', chainer.mixed16):
+        chain = chainer.Sequential(L.BatchNormalization(4))
+    apply_precision(chain, 'float32')
+    assert type(chain[0]) is L.BatchNormalization
+    apply_precision(chain, 'mixed16')
+    assert type(chain[0]) is AL.BatchNormalization
+    x, _ = _bn_inputs((8, 4, 5, 5), 'nchw')
+    with chainer.using_config('train', False):
+        y = chain(x)
+        with native():
+            ref = chain(x)
+    assert_same(y, ref)
