@@ -110,9 +110,16 @@ def synchronizations(model):
         return lambda: s.scaling.ada.backward(loss)
     with chainer.using_config('train', True):
         count = device.count_synchronizations(prepared())
-        waited = device.waits_for_device(prepared())
+        backward = prepared()
+        t0 = time.perf_counter()
+        backward()
+        host = time.perf_counter() - t0
+        cupy.cuda.Device().synchronize()
+        # the spin outlasts the backward's host time by far
+        waited = device.waits_for_device(prepared(), seconds=5 + 4 * host)
     return dict(model=model, synchronizations_per_backward=count,
-                backward_waited_for_device=waited)
+                backward_waited_for_device=waited,
+                backward_host_seconds=host)
 
 
 def step_times(model, repeats):
@@ -169,7 +176,8 @@ def main():
         r = synchronizations(m)
         print('(b) {model}: {synchronizations_per_backward} synchronizations '
               'per backward; waited for the device: '
-              '{backward_waited_for_device}'.format(**r), flush=True)
+              '{backward_waited_for_device} (backward host time '
+              '{backward_host_seconds:.3f} s)'.format(**r), flush=True)
         out['synchronizations'].append(r)
     for m in models:
         r = step_times(m, args.repeats)

@@ -124,11 +124,9 @@ class AdaLossScaled(object):
     def _gemm_scale_on_device(self, func, W, g):
         """β as a 0-d device array (CuPy kernels, no synchronization)."""
         from ada_loss.loss_scale import device
-        gain = (device.grad_input_gain(W, func.grad_input_axes)
-                if self.bound == 'output' else None)
         return device.gemm_loss_scale(
-            W, g, self.t_uf, self.fmt, bound=self.bound, gain=gain,
-            max_scale=self.max_layer_scale)
+            W, g, self.t_uf, self.fmt, bound=self.bound,
+            axes=func.grad_input_axes, max_scale=self.max_layer_scale)
 
     def _cap_accum(self, alpha, beta):
         if self.max_accum_scale is None:

@@ -59,13 +59,24 @@ def _on_device(scale):
 
 def _common_scale(scales, grads, u_max):
     """Algorithm 5 for gradients ``grads`` (Variables) carried at
-    ``scales``: on the device when any scale is a device scalar (no host
-    synchronization), else in Python."""
+    ``scales``: ``(α, [α/α_k])``, on the device when any scale is a device
+    scalar (no host synchronization), else in Python."""
     if any(_on_device(a) for a in scales):
         from ada_loss.loss_scale import device
         return device.common_scale(
             scales, [device.max_abs(g.array) for g in grads], u_max)
-    return common_scale(scales, lambda k: _max_abs(grads[k]), u_max)
+    alpha = common_scale(scales, lambda k: _max_abs(grads[k]), u_max)
+    return alpha, [alpha / a for a in scales]
+
+
+def _sum_on_device(arrays, ratios):
+    """Σ ratio_k · array_k as rescaling then a left fold of ``F.add`` would
+    give it, each addition fused with its rescaling (one pass each)."""
+    from ada_loss.loss_scale import device
+    total = device.rescale_add(arrays[0], ratios[0], arrays[1], ratios[1])
+    for a, r in zip(arrays[2:], ratios[2:]):
+        total = device.rescale_add(total, 1.0, a, r)
+    return chainer.Variable(total, requires_grad=False)
 
 
 def _scale_product(a, b):
@@ -128,8 +139,13 @@ class ScaledBackprop(object):
         if len(entries) == 1:
             return entries[0]
         scales = [a for _, a in entries]
-        alpha = _common_scale(scales, [g for g, _ in entries], self.u_max)
-        grads = [_rescale(g, alpha / a) for g, a in entries]
+        alpha, ratios = _common_scale(scales, [g for g, _ in entries],
+                                      self.u_max)
+        if _on_device(alpha) and {g.dtype for g, _ in entries} in (
+                {numpy.dtype(numpy.float16)}, {numpy.dtype(numpy.float32)}):
+            return _sum_on_device([g.array for g, _ in entries],
+                                  ratios), alpha
+        grads = [_rescale(g, r) for (g, _), r in zip(entries, ratios)]
         # A left fold in arrival order, like Chainer's eager reduction.
         total = grads[0]
         for g in grads[1:]:
@@ -213,10 +229,10 @@ class ScaledBackprop(object):
             out_grad[i] = g
         else:
             scales = [a for _, _, a in present]
-            alpha = _common_scale(scales, [g for _, g, _ in present],
-                                  self.u_max)
-            for i, g, a in present:
-                out_grad[i] = _rescale(g, alpha / a)
+            alpha, ratios = _common_scale(
+                scales, [g for _, g, _ in present], self.u_max)
+            for (i, g, _), r in zip(present, ratios):
+                out_grad[i] = _rescale(g, r)
         out_grad = tuple(out_grad)
 
         in_scales = [alpha] * len(inputs)

@@ -33,6 +33,8 @@ an exact rational computation.
 Where ``ml_dtypes`` has the format with the same semantics and its cast is
 faster (bfloat16), round-to-nearest uses ``x.astype(t).astype(float32)``.
 """
+import math
+
 import numpy
 
 _U32 = numpy.uint32
@@ -147,6 +149,70 @@ class MagicRounder(object):
         return y
 
 
+# Round-to-nearest-even to a format in integer arithmetic on the bits of a
+# float32, for CuPy: the format's subnormal range is rounded without float
+# arithmetic on float32 subnormals, which GPU code may flush to zero.
+_CUDA_ROUND = r"""
+unsigned int s = b & 0x80000000u, m = b & 0x7fffffffu, r;
+if (m > 0x7f800000u) {
+    r = 0x7fc00000u;                              // NaN stays NaN
+} else {
+    if (m >= emin_bits) {                         // the format's normals
+        if (shift > 0) {
+            unsigned int lsb = (m >> shift) & 1u;
+            r = (m + ((1u << (shift - 1)) - 1u) + lsb)
+                & ~((1u << shift) - 1u);
+        } else {
+            r = m;
+        }
+    } else {                                      // its subnormals: n * 2^qe
+        int E = (int)(m >> 23);
+        unsigned int mant = E ? ((m & 0x7fffffu) | 0x800000u) : m;
+        int e2 = E ? E - 150 : -149;              // m = mant * 2^e2
+        int sh = qe - e2;
+        unsigned long long n;
+        if (sh <= 0) {
+            n = (unsigned long long)mant << (-sh);
+        } else if (sh > 25) {
+            n = 0ull;
+        } else {
+            unsigned int rem = mant & ((1u << sh) - 1u), half = 1u << (sh - 1);
+            n = mant >> sh;
+            if (rem > half || (rem == half && (n & 1ull))) n += 1ull;
+        }
+        if (n == 0ull) {
+            r = 0u;
+        } else {
+            int p = 63 - __clzll(n);              // n < 2^24: p <= 23
+            if (qe + p >= -126) {                 // a float32 normal
+                r = ((unsigned int)(qe + p + 127) << 23)
+                    | (unsigned int)((n << (23 - p)) & 0x7fffffull);
+            } else {                              // a float32 subnormal
+                r = (unsigned int)(n << (qe + 149));
+            }
+        }
+    }
+    if (r > max_bits) r = over_bits;
+}
+y = r | s;
+"""
+_cuda_kernel = []
+
+
+def _round_nearest_cupy(rounder, x):
+    import cupy
+    if not _cuda_kernel:
+        _cuda_kernel.append(cupy.ElementwiseKernel(
+            'uint32 b, int32 shift, uint32 emin_bits, int32 qe, '
+            'uint32 max_bits, uint32 over_bits', 'uint32 y', _CUDA_ROUND,
+            'ada_loss_round_nearest'))
+    qe = math.frexp(rounder.sub_quantum)[1] - 1
+    bits = cupy.ascontiguousarray(x).view(_U32)
+    y = _cuda_kernel[0](bits, rounder.shift, rounder.emin_bits, qe,
+                        rounder.max_bits, rounder.over_bits)
+    return y.view(_F32)
+
+
 def _random_bits(rng, xp, shape, nbits):
     if isinstance(rng, (int, numpy.integer)):
         rng = xp.random.default_rng(int(rng))
@@ -178,6 +244,8 @@ def quantize(fmt, x, rounding='nearest', rng=None):
     if fmt.is_float32:
         return x.copy()
     xp = _xp(x)
+    if xp is not numpy:
+        return _round_nearest_cupy(fmt._rounder, x)
     if xp is numpy and fmt.name in _ML_FASTER and fmt.ml_dtype is not None:
         return x.astype(fmt.ml_dtype).astype(_F32)
     if fmt._magic is not None:

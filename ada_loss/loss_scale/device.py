@@ -35,91 +35,68 @@ from ada_loss.loss_scale.gemm import check_bound, erfinv
 _THREADS = 256
 _MAX_BLOCKS = 1024
 
-_SOURCE = r'''
+_SOURCE = r"""
 #define NAN_MAX(a, b) ((((b) > (a)) || ((b) != (b))) ? (b) : (a))
 
 __device__ __forceinline__ float load(const float* p, long long i) {
     return p[i];
 }
 
-// IEEE binary16 bits -> float, exactly (subnormals, Inf, NaN).
+// IEEE binary16 bits -> float, exactly (subnormals, Inf, NaN), in integer
+// arithmetic: independent of the compiler's denormal mode.
 __device__ __forceinline__ float load(const unsigned short* p, long long i) {
     unsigned int h = p[i];
-    unsigned int e = (h >> 10) & 31u, m = h & 1023u;
-    float v;
-    if (e == 0u) v = ldexpf((float)m, -24);
-    else if (e == 31u) v = m ? __int_as_float(0x7fc00000) : __int_as_float(0x7f800000);
-    else v = ldexpf((float)(m | 1024u), (int)e - 25);
-    return (h & 0x8000u) ? -v : v;
+    unsigned int s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    unsigned int bits;
+    if (e == 31u) {
+        bits = s | 0x7f800000u | (m << 13);
+    } else if (e != 0u) {
+        bits = s | ((e + 112u) << 23) | (m << 13);
+    } else if (m == 0u) {
+        bits = s;
+    } else {                          // a subnormal half is a normal float
+        int k = __clz(m) - 21;        // puts the leading 1 at bit 10
+        bits = s | ((unsigned int)(113 - k) << 23)
+                 | (((m << k) & 1023u) << 13);
+    }
+    return __int_as_float(bits);
 }
 
-template <typename T>
-__device__ void partial(const T* x, long long n, double* psum, float* pmax) {
-    __shared__ double ss[256];
+__device__ __forceinline__ double dmax(double a, double b) {
+    return (b > a || b != b) ? b : a;     // NaN propagates
+}
+
+// Block-wide (sum, sum, max) reduction, result in every thread; 256 threads.
+__device__ void block_reduce(double& s, double& c, float& m) {
+    __shared__ double ss[256], sc[256];
     __shared__ float sm[256];
-    double s = 0.0;
-    float m = 0.0f;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-         i < n; i += stride) {
-        float v = load(x, i);
-        s += (double)v * (double)v;
-        float a = fabsf(v);
-        m = NAN_MAX(m, a);
-    }
     int t = threadIdx.x;
-    ss[t] = s;
-    sm[t] = m;
+    ss[t] = s; sc[t] = c; sm[t] = m;
     __syncthreads();
     for (int k = blockDim.x / 2; k > 0; k >>= 1) {
         if (t < k) {
             ss[t] += ss[t + k];
+            sc[t] = dmax(sc[t], sc[t + k]);
             sm[t] = NAN_MAX(sm[t], sm[t + k]);
         }
         __syncthreads();
     }
-    if (t == 0) {
-        psum[blockIdx.x] = ss[0];
-        pmax[blockIdx.x] = sm[0];
-    }
-}
-
-extern "C" __global__ void partial_f32(const float* x, long long n,
-                                       double* psum, float* pmax) {
-    partial<float>(x, n, psum, pmax);
-}
-
-extern "C" __global__ void partial_f16(const unsigned short* x, long long n,
-                                       double* psum, float* pmax) {
-    partial<unsigned short>(x, n, psum, pmax);
-}
-
-// One block: the partials in a fixed order -> E[x^2], max|x| (float64).
-extern "C" __global__ void finish(const double* psum, const float* pmax,
-                                  int nb, long long n, double* out) {
-    __shared__ double ss[256];
-    __shared__ float sm[256];
-    int t = threadIdx.x;
-    double s = 0.0;
-    float m = 0.0f;
-    for (int i = t; i < nb; i += blockDim.x) {
-        s += psum[i];
-        m = NAN_MAX(m, pmax[i]);
-    }
-    ss[t] = s;
-    sm[t] = m;
+    s = ss[0]; c = sc[0]; m = sm[0];
     __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (t < k) {
-            ss[t] += ss[t + k];
-            sm[t] = NAN_MAX(sm[t], sm[t + k]);
-        }
-        __syncthreads();
+}
+
+// True (in every thread) in the block that finishes last; the partials of
+// all blocks are visible to it. It resets the counter for the next launch.
+__device__ bool last_block(unsigned int* counter) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        if (last) *counter = 0u;
     }
-    if (t == 0) {
-        out[0] = ss[0] / (double)n;
-        out[1] = (double)sm[0];
-    }
+    __syncthreads();
+    return last;
 }
 
 __device__ __forceinline__ double round_down_pow2(double x) {
@@ -128,46 +105,154 @@ __device__ __forceinline__ double round_down_pow2(double x) {
     return ldexp(1.0, e - 1);
 }
 
-// Algorithm 4 + section 3.2.3 + the max_accum_scale cap, as
-// ada_loss.loss_scale.gemm.gemm_loss_scale and AdaLossScaled._cap_accum.
-// bound: 0 output, 1 product, 2 fan_in.
-extern "C" __global__ void beta(const double* w, const double* g,
-                                const double* gain, const double* alpha,
-                                double u_min, double u_max, double sqrt2,
-                                double erfinv_t, int bound, double fan_in,
-                                double max_scale, double max_accum,
-                                double* out) {
-    double b;
+// Algorithm 4 + section 3.2.3 as ada_loss.loss_scale.gemm.gemm_loss_scale
+// (the same double operations in the same order): w = (E[W^2], max|W|,
+// gain), g = (E[g^2], max|g|); bound 0 output, 1 product, 2 fan_in.
+__device__ double beta_of(const double* w, const double* g, double u_min,
+                          double u_max, double sqrt2, double erfinv_t,
+                          int bound, double fan_in, double max_scale) {
     double sigma_p = sqrt(w[0] * g[0]);
-    if (!(sigma_p > 0.0)) {
-        b = 1.0;
-    } else {
-        double lower = u_min / (sigma_p * sqrt2 * erfinv_t);
-        if (!isfinite(lower)) {
-            b = 1.0;
-        } else {
-            b = lower > 1.0 ? lower : 1.0;
-            double peak = bound == 0 ? g[1] * gain[0] : w[1] * g[1];
-            if (bound == 2) peak *= fan_in;
-            bool done = false;
-            if (peak > 0.0) {
-                double upper = u_max / peak;
-                if (!(isfinite(upper) && upper > 0.0)) {
-                    b = 1.0;
-                    done = true;
-                } else if (upper < b) {
-                    b = upper;
-                }
-            }
-            if (!done) {
-                if (max_scale > 0.0 && max_scale < b) b = max_scale;
-                b = round_down_pow2(b);
-            }
-        }
+    if (!(sigma_p > 0.0)) return 1.0;
+    double lower = u_min / (sigma_p * sqrt2 * erfinv_t);
+    if (!isfinite(lower)) return 1.0;
+    double b = lower > 1.0 ? lower : 1.0;
+    double peak = bound == 0 ? g[1] * w[2] : w[1] * g[1];
+    if (bound == 2) peak *= fan_in;
+    if (peak > 0.0) {
+        double upper = u_max / peak;
+        if (!(isfinite(upper) && upper > 0.0)) return 1.0;
+        if (upper < b) b = upper;
     }
-    if (max_accum > 0.0 && alpha[0] * b > max_accum)
-        b = round_down_pow2(max_accum / alpha[0]);
-    out[0] = b;
+    if (max_scale > 0.0 && max_scale < b) b = max_scale;
+    return round_down_pow2(b);
+}
+
+// (E[x^2], max|x|) in one pass: squares and sums in double, partials summed
+// in a fixed order by the last block. Returns true in the last block, where
+// out[0..1] is written (by thread 0).
+template <typename T>
+__device__ bool moments(const T* x, long long n, double* psum, float* pmax,
+                        unsigned int* counter, double* out) {
+    double s = 0.0, unused = 0.0;
+    float m = 0.0f;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+         i < n; i += stride) {
+        float v = load(x, i);
+        s += (double)v * (double)v;
+        m = NAN_MAX(m, fabsf(v));
+    }
+    block_reduce(s, unused, m);
+    if (threadIdx.x == 0) {
+        psum[blockIdx.x] = s;
+        pmax[blockIdx.x] = m;
+    }
+    if (!last_block(counter)) return false;
+    s = 0.0;
+    m = 0.0f;
+    for (int i = threadIdx.x; i < gridDim.x; i += blockDim.x) {
+        s += ((volatile double*)psum)[i];
+        m = NAN_MAX(m, ((volatile float*)pmax)[i]);
+    }
+    block_reduce(s, unused, m);
+    if (threadIdx.x == 0) {
+        out[0] = s / (double)n;
+        out[1] = (double)m;
+    }
+    return true;
+}
+
+extern "C" __global__ void moments_f32(const float* x, long long n,
+        double* psum, float* pmax, unsigned int* counter, double* out) {
+    moments<float>(x, n, psum, pmax, counter, out);
+}
+extern "C" __global__ void moments_f16(const unsigned short* x, long long n,
+        double* psum, float* pmax, unsigned int* counter, double* out) {
+    moments<unsigned short>(x, n, psum, pmax, counter, out);
+}
+
+// W seen as (A, J, B), J the axis the input-gradient GEMM keeps: block j
+// sums |W| over (a, b) (the 'output' bound's column sums) and W^2, max|W|
+// in the same pass; the last block writes out = (E[W^2], max|W|,
+// max_j sum_ab |W|). One launch for all of a layer's weight statistics.
+template <typename T>
+__device__ void weight_stats(const T* w, long long A, long long J,
+                             long long B, double* pcol, double* psq,
+                             float* pmax, unsigned int* counter,
+                             double* out) {
+    long long j = blockIdx.x;
+    double c = 0.0, q = 0.0, unused = 0.0;
+    float m = 0.0f;
+    for (long long k = threadIdx.x; k < A * B; k += blockDim.x) {
+        long long a = k / B, b = k - a * B;
+        float v = load(w, (a * J + j) * B + b);
+        c += (double)fabsf(v);
+        q += (double)v * (double)v;
+        m = NAN_MAX(m, fabsf(v));
+    }
+    float unused_m = 0.0f;
+    block_reduce(c, unused, unused_m);
+    block_reduce(q, unused, m);
+    if (threadIdx.x == 0) {
+        pcol[j] = c;
+        psq[j] = q;
+        pmax[j] = m;
+    }
+    if (!last_block(counter)) return;
+    double s = 0.0, g = 0.0;
+    m = 0.0f;
+    for (long long i = threadIdx.x; i < J; i += blockDim.x) {
+        s += ((volatile double*)psq)[i];
+        m = NAN_MAX(m, ((volatile float*)pmax)[i]);
+        g = dmax(g, ((volatile double*)pcol)[i]);
+    }
+    block_reduce(s, g, m);
+    if (threadIdx.x == 0) {
+        out[0] = s / (double)(A * J * B);
+        out[1] = (double)m;
+        out[2] = g;
+    }
+}
+
+extern "C" __global__ void weight_stats_f32(const float* w, long long A,
+        long long J, long long B, double* pcol, double* psq, float* pmax,
+        unsigned int* counter, double* out) {
+    weight_stats<float>(w, A, J, B, pcol, psq, pmax, counter, out);
+}
+extern "C" __global__ void weight_stats_f16(const unsigned short* w,
+        long long A, long long J, long long B, double* pcol, double* psq,
+        float* pmax, unsigned int* counter, double* out) {
+    weight_stats<unsigned short>(w, A, J, B, pcol, psq, pmax, counter, out);
+}
+
+// The incoming gradient's moments and, in the last block, beta from the
+// weight statistics w: one launch. out = (E[g^2], max|g|, beta).
+template <typename T>
+__device__ void grad_beta(const T* x, long long n, double* psum,
+                          float* pmax, unsigned int* counter,
+                          const double* w, double u_min, double u_max,
+                          double sqrt2, double erfinv_t, int bound,
+                          double fan_in, double max_scale, double* out) {
+    if (moments<T>(x, n, psum, pmax, counter, out) && threadIdx.x == 0)
+        out[2] = beta_of(w, out, u_min, u_max, sqrt2, erfinv_t, bound,
+                         fan_in, max_scale);
+}
+
+extern "C" __global__ void grad_beta_f32(const float* x, long long n,
+        double* psum, float* pmax, unsigned int* counter, const double* w,
+        double u_min, double u_max, double sqrt2, double erfinv_t, int bound,
+        double fan_in, double max_scale, double* out) {
+    grad_beta<float>(x, n, psum, pmax, counter, w, u_min, u_max, sqrt2,
+                     erfinv_t, bound, fan_in, max_scale, out);
+}
+extern "C" __global__ void grad_beta_f16(const unsigned short* x,
+        long long n, double* psum, float* pmax, unsigned int* counter,
+        const double* w, double u_min, double u_max, double sqrt2,
+        double erfinv_t, int bound, double fan_in, double max_scale,
+        double* out) {
+    grad_beta<unsigned short>(x, n, psum, pmax, counter, w, u_min, u_max,
+                              sqrt2, erfinv_t, bound, fan_in, max_scale,
+                              out);
 }
 
 extern "C" __global__ void cap_accum(const double* beta, const double* alpha,
@@ -177,8 +262,9 @@ extern "C" __global__ void cap_accum(const double* beta, const double* alpha,
     out[0] = b;
 }
 
-// Algorithm 5 (ada_loss.loss_scale.branch.common_scale) for k gradients
-// with scales a[i] and peaks p[i] = max|delta_i|.
+// Algorithm 5 (ada_loss.loss_scale.branch.common_scale) for k <= 8
+// gradients: a_i (their scales) and p_i (their peaks max|delta_i|), by
+// address (unused slots repeat the first); out = (alpha, alpha / a_0, ..., alpha / a_{k-1}).
 __device__ bool fits_all(double alpha, const double* a, const double* p,
                          int k, double u_max) {
     bool fits = true;
@@ -186,31 +272,45 @@ __device__ bool fits_all(double alpha, const double* a, const double* p,
     return fits;
 }
 
-extern "C" __global__ void common_scale(const double* a, const double* p,
-                                        int k, double u_max,
-                                        int max_halvings, double* out) {
+extern "C" __global__ void common_scale(
+        const double* a0, const double* a1, const double* a2,
+        const double* a3, const double* a4, const double* a5,
+        const double* a6, const double* a7, const double* p0,
+        const double* p1, const double* p2, const double* p3,
+        const double* p4, const double* p5, const double* p6,
+        const double* p7, int k, double u_max, int max_halvings,
+        double* out) {
+    const double* ap[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    const double* pp[8] = {p0, p1, p2, p3, p4, p5, p6, p7};
+    double a[8], p[8];
+    for (int i = 0; i < k; ++i) {
+        a[i] = *ap[i];
+        p[i] = *pp[i];
+    }
     double lo = a[0], hi = a[0];
     for (int i = 1; i < k; ++i) {
         lo = a[i] < lo ? a[i] : lo;
         hi = a[i] > hi ? a[i] : hi;
     }
-    if (lo == hi) { out[0] = hi; return; }
-    for (int i = 0; i < k; ++i) {
-        if (!isfinite(p[i])) { out[0] = lo; return; }
+    double alpha = -1.0;
+    if (lo == hi) alpha = hi;
+    for (int i = 0; i < k && alpha < 0.0; ++i)
+        if (!isfinite(p[i])) alpha = lo;      // overflowed: the step is lost
+    if (alpha < 0.0) {
+        for (int c = 0; c < k; ++c)
+            if (a[c] > alpha && fits_all(a[c], a, p, k, u_max)) alpha = a[c];
     }
-    double best = -1.0;
-    for (int c = 0; c < k; ++c) {
-        if (a[c] > best && fits_all(a[c], a, p, k, u_max)) best = a[c];
-    }
-    if (best > 0.0) { out[0] = best; return; }
-    double alpha = lo;
-    for (int h = 0; h < max_halvings; ++h) {
-        alpha /= 2.0;
-        if (fits_all(alpha, a, p, k, u_max)) break;
+    if (alpha < 0.0) {
+        alpha = lo;
+        for (int h = 0; h < max_halvings; ++h) {
+            alpha /= 2.0;
+            if (fits_all(alpha, a, p, k, u_max)) break;
+        }
     }
     out[0] = alpha;
+    for (int i = 0; i < k; ++i) out[1 + i] = alpha / a[i];
 }
-'''
+"""
 
 
 @functools.lru_cache(maxsize=None)
@@ -223,6 +323,24 @@ def _module(device_id):
 
 def _kernel(name):
     return _module(cupy.cuda.Device().id).get_function(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _counter(device_id):
+    # Blocks count themselves here; the last one resets it to 0. Launches on
+    # one stream run in order, so one counter per device serves them all.
+    return cupy.zeros(1, dtype=cupy.uint32)
+
+
+def _flat(a):
+    """(contiguous data, kernel suffix): float16 as its bits, else float32."""
+    if a.dtype == cupy.float16:
+        return cupy.ascontiguousarray(a).view(cupy.uint16), 'f16'
+    return cupy.ascontiguousarray(a, dtype=cupy.float32), 'f32'
+
+
+def _blocks(n):
+    return max(1, min(_MAX_BLOCKS, (n + _THREADS - 1) // _THREADS))
 
 
 def is_device_array(a):
@@ -240,23 +358,17 @@ def scalar(value):
 def moments(a):
     """(E[a²], max|a|) of a CuPy array as a length-2 float64 device array,
     from one pass over ``a`` (float16 or float32; others are cast to float32
-    first). An empty array gives (0, 0)."""
+    first) in one launch. An empty array gives (0, 0)."""
     out = cupy.empty(2, dtype=cupy.float64)
     n = a.size
     if n == 0:
         out[...] = 0
         return out
-    if a.dtype == cupy.float16:
-        x, name = cupy.ascontiguousarray(a).view(cupy.uint16), 'partial_f16'
-    else:
-        x = cupy.ascontiguousarray(a, dtype=cupy.float32)
-        name = 'partial_f32'
-    blocks = min(_MAX_BLOCKS, (n + _THREADS - 1) // _THREADS)
-    psum = cupy.empty(blocks, dtype=cupy.float64)
-    pmax = cupy.empty(blocks, dtype=cupy.float32)
-    _kernel(name)((blocks,), (_THREADS,), (x, cupy.int64(n), psum, pmax))
-    _kernel('finish')((1,), (_THREADS,),
-                      (psum, pmax, cupy.int32(blocks), cupy.int64(n), out))
+    x, suffix = _flat(a)
+    blocks = _blocks(n)
+    _kernel('moments_' + suffix)((blocks,), (_THREADS,), (
+        x, cupy.int64(n), cupy.empty(blocks, cupy.float64),
+        cupy.empty(blocks, cupy.float32), _counter(x.device.id), out))
     return out
 
 
@@ -265,46 +377,82 @@ def max_abs(a):
     return moments(a)[1]
 
 
+def weight_statistics(W, axes):
+    """(E[W²], max|W|, max_j Σ_i |W_ij|) of a GEMM's weights in one launch,
+    a length-3 float64 device array; ``axes``: the axes of W the
+    input-gradient GEMM contracts (all but one, see
+    :func:`ada_loss.loss_scale.gemm.grad_input_gain`)."""
+    out = cupy.empty(3, dtype=cupy.float64)
+    if W.size == 0:
+        out[...] = 0
+        return out
+    keep = [i for i in range(W.ndim) if i not in axes]
+    if len(keep) != 1:
+        raise ValueError('axes must leave exactly one axis of W, got {} for '
+                         'shape {}'.format(axes, W.shape))
+    k = keep[0]
+    A = int(math.prod(W.shape[:k]))
+    J = int(W.shape[k])
+    B = int(math.prod(W.shape[k + 1:]))
+    x, suffix = _flat(W)
+    _kernel('weight_stats_' + suffix)((J,), (_THREADS,), (
+        x, cupy.int64(A), cupy.int64(J), cupy.int64(B),
+        cupy.empty(J, cupy.float64), cupy.empty(J, cupy.float64),
+        cupy.empty(J, cupy.float32), _counter(x.device.id), out))
+    return out
+
+
 def grad_input_gain(W, axes):
     """max_j Σ_i |W_ij| over ``axes`` (see
     :func:`ada_loss.loss_scale.gemm.grad_input_gain`), a 0-d float64 device
     array, accumulated in float64."""
-    if W.size == 0:
-        return cupy.zeros((), dtype=cupy.float64)
-    return cupy.abs(W.astype(cupy.float64)).sum(axis=axes).max()
+    return weight_statistics(W, axes)[2]
 
 
 _BOUND_CODES = {'output': 0, 'product': 1, 'fan_in': 2}
 
 
-def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', bound='product',
-                    gain=None, max_scale=None, alpha=None,
-                    max_accum_scale=None, w_moments=None):
-    """β of one GEMM on the device (0-d float64), as
-    :func:`ada_loss.loss_scale.gemm.gemm_loss_scale` followed by the
-    ``max_accum_scale`` cap of α·β (when given, with the layer's α).
-
-    Args:
-        gain: 0-d device array or number (``bound='output'``).
-        w_moments: :func:`moments` of W, if already computed this update.
-    """
+@functools.lru_cache(maxsize=256)
+def _constants(fmt, t_uf, bound, max_scale):
     if not 0 < t_uf < 1:
         raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
     check_bound(bound)
-    if bound == 'output' and gain is None:
-        raise ValueError("bound='output' needs the GEMM's gain")
     f = get_format(fmt)
-    wm = moments(W) if w_moments is None else w_moments
-    gm = moments(g)
-    gain = scalar(0.0 if gain is None else gain)
-    alpha = scalar(1.0 if alpha is None else alpha)
-    out = cupy.empty((), dtype=cupy.float64)
-    _kernel('beta')((1,), (1,), (
-        wm, gm, gain, alpha, f.u_min, f.u_max, math.sqrt(2.0),
-        erfinv(t_uf), cupy.int32(_BOUND_CODES[bound]),
-        float(W.size // W.shape[0]) if W.ndim else 1.0,
-        float(max_scale or 0.0), float(max_accum_scale or 0.0), out))
-    return out
+    return (float(f.u_min), float(f.u_max), math.sqrt(2.0),
+            float(erfinv(t_uf)), cupy.int32(_BOUND_CODES[bound]),
+            float(max_scale or 0.0))
+
+
+def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', bound='product',
+                    axes=None, max_scale=None, w_stats=None):
+    """β of one GEMM on the device (a 0-d float64 array), as
+    :func:`ada_loss.loss_scale.gemm.gemm_loss_scale`, in two launches: the
+    weight statistics (:func:`weight_statistics`, skipped when ``w_stats``
+    is given) and the gradient's moments with β.
+
+    Args:
+        axes: the axes of W the input-gradient GEMM contracts (for the
+            ``'output'`` bound's gain; default: all but the second).
+    """
+    u_min, u_max, sqrt2, erf, code, cap = _constants(
+        str(get_format(fmt)), float(t_uf), bound, max_scale)
+    if w_stats is None:
+        w_stats = weight_statistics(
+            W, axes if axes is not None else
+            tuple(i for i in range(W.ndim) if i != 1))
+    out = cupy.empty(3, dtype=cupy.float64)
+    n = g.size
+    if n == 0:
+        out[...] = 1.0      # σ_p = 0: β = 1
+        return out[2]
+    x, suffix = _flat(g)
+    blocks = _blocks(n)
+    fan_in = float(W.size // W.shape[0]) if W.ndim else 1.0
+    _kernel('grad_beta_' + suffix)((blocks,), (_THREADS,), (
+        x, cupy.int64(n), cupy.empty(blocks, cupy.float64),
+        cupy.empty(blocks, cupy.float32), _counter(x.device.id), w_stats,
+        u_min, u_max, sqrt2, erf, code, fan_in, cap, out))
+    return out[2]
 
 
 def cap_accum(beta, alpha, max_accum_scale):
@@ -318,15 +466,22 @@ def cap_accum(beta, alpha, max_accum_scale):
 
 
 def common_scale(scales, peaks, u_max, max_halvings=64):
-    """Algorithm 5 on the device: ``scales`` and ``peaks`` are lists of 0-d
-    float64 device arrays (α_k and max|δ_k|); returns a 0-d float64 array."""
+    """Algorithm 5 on the device: ``scales`` and ``peaks`` are lists of (at
+    most 8) 0-d float64 device arrays or numbers, α_k and max|δ_k|; returns
+    ``(α, ratios)``: a 0-d array and the list of 0-d arrays α/α_k, from one
+    launch (the operands are passed by address: no copy)."""
     k = len(scales)
-    a = cupy.stack([scalar(v) for v in scales])    # device copies only
-    p = cupy.stack([scalar(v) for v in peaks])
-    out = cupy.empty((), dtype=cupy.float64)
-    _kernel('common_scale')((1,), (1,), (
-        a, p, cupy.int32(k), float(u_max), cupy.int32(max_halvings), out))
-    return out
+    if not 1 <= k <= 8:
+        raise ValueError('common_scale on the device takes 1 to 8 '
+                         'gradients, got {}'.format(k))
+    a = [scalar(v) for v in scales]
+    p = [scalar(v) for v in peaks]
+    a += [a[0]] * (8 - k)
+    p += [p[0]] * (8 - k)
+    out = cupy.empty(k + 1, dtype=cupy.float64)
+    _kernel('common_scale')((1,), (1,), tuple(a) + tuple(p) + (
+        cupy.int32(k), float(u_max), cupy.int32(max_halvings), out))
+    return out[0], [out[1 + i] for i in range(k)]
 
 
 _rescale_f = cupy.ElementwiseKernel(
@@ -334,6 +489,13 @@ _rescale_f = cupy.ElementwiseKernel(
     'ada_loss_rescale_f')
 _rescale_d = cupy.ElementwiseKernel(
     'T x, float64 r', 'T y', 'y = x * r', 'ada_loss_rescale_d')
+# (r0·x0 rounded to T) + (r1·x1 rounded to T), rounded to T: exactly the
+# two rescalings followed by Chainer's F.add, in one pass.
+_rescale_add = cupy.ElementwiseKernel(
+    'T x0, float64 r0, T x1, float64 r1', 'T y',
+    'y = (T)((float)(T)((float)x0 * (float)r0)'
+    ' + (float)(T)((float)x1 * (float)r1))',
+    'ada_loss_rescale_add')
 
 
 def rescale(x, ratio):
@@ -344,6 +506,12 @@ def rescale(x, ratio):
     if x.dtype in (cupy.float16, cupy.float32):
         return _rescale_f(x, ratio)
     return _rescale_d(x, ratio)
+
+
+def rescale_add(x0, r0, x1, r1):
+    """``rescale(x0, r0) + rescale(x1, r1)`` (float16/float32, the sum
+    rounded as ``F.add`` rounds it) in one pass."""
+    return _rescale_add(x0, scalar(r0), x1, scalar(r1))
 
 
 def to_floats(values):

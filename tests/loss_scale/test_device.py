@@ -60,14 +60,18 @@ def test_moments_and_beta_equal_numpy(dtype, shapes):
         wide = a.astype(numpy.float64)
         assert m[1] == numpy.abs(wide).max()           # exact
         assert m[0] == pytest.approx(numpy.mean(wide * wide), rel=1e-12)
-    gain = grad_input_gain(W, AXES[W.ndim])
-    dgain = float(d.grad_input_gain(to_gpu(W), AXES[W.ndim]))
-    assert dgain == pytest.approx(gain, rel=1e-14)
+    axes = AXES[W.ndim]
+    gain = grad_input_gain(W, axes)
+    ws = to_cpu(d.weight_statistics(to_gpu(W), axes))
+    wide = W.astype(numpy.float64)
+    assert ws[0] == pytest.approx(numpy.mean(wide * wide), rel=1e-12)
+    assert ws[1] == numpy.abs(wide).max()
+    assert ws[2] == pytest.approx(gain, rel=1e-14)
     for bound in ('output', 'product', 'fan_in'):
         for fmt in ('float16', 'fp8_e5m2'):
             host = gemm_loss_scale(W, g, 1e-3, fmt, bound=bound, gain=gain)
             dev = d.gemm_loss_scale(to_gpu(W), to_gpu(g), 1e-3, fmt,
-                                    bound=bound, gain=gain)
+                                    bound=bound, axes=axes)
             assert dev.shape == () and dev.dtype == numpy.float64
             assert float(dev) == host, (bound, fmt)
 
@@ -110,7 +114,8 @@ def test_edge_cases_equal_numpy(case, dtype):
         host = gemm_loss_scale(W, g, 1e-3, 'float16', bound=bound,
                                gain=gain, max_scale=2.0 ** 20)
         dev = d.gemm_loss_scale(to_gpu(W), to_gpu(g), 1e-3, 'float16',
-                                bound=bound, gain=gain, max_scale=2.0 ** 20)
+                                bound=bound, axes=(0, 2, 3),
+                                max_scale=2.0 ** 20)
         assert float(dev) == host, (case, bound)
 
 
@@ -136,14 +141,15 @@ def test_common_scale_equals_algorithm5():
              ([4.0, 1.0], [numpy.inf, 1.0]),       # non-finite: smallest
              ([4.0, 1.0], [numpy.nan, 1.0])]
     for _ in range(50):
-        k = rng.randint(2, 5)
+        k = rng.randint(2, 9)
         cases.append(([2.0 ** int(e) for e in rng.randint(-5, 20, k)],
                       list(10.0 ** rng.uniform(-6, 5, k))))
     for scales, peaks in cases:
         host = common_scale(scales, lambda i: peaks[i], u_max)
-        dev = d.common_scale([d.scalar(s) for s in scales],
-                             [d.scalar(p) for p in peaks], u_max)
+        dev, ratios = d.common_scale([d.scalar(s) for s in scales],
+                                     [d.scalar(p) for p in peaks], u_max)
         assert float(dev) == host, (scales, peaks)
+        assert d.to_floats(ratios) == [host / s for s in scales]
 
 
 @pytest.mark.parametrize('dtype', [numpy.float16, numpy.float32])
@@ -153,15 +159,29 @@ def test_rescale_equals_numpy_path(dtype):
     x = (rng.standard_normal(4096) * 2.0 ** rng.uniform(-30, 15, 4096)
          ).astype(dtype)
     x[:4] = [0.0, -0.0, numpy.inf, numpy.nan]
-    for e in (-30, -8, -1, 0, 3, 20):
-        r = 2.0 ** e
-        ref = (x.astype(numpy.float32) * numpy.float32(r)).astype(dtype)
-        got = to_cpu(d.rescale(to_gpu(x), d.scalar(r)))
-        assert got.dtype == dtype
-        assert numpy.array_equal(got.view(numpy.uint16 if dtype ==
-                                          numpy.float16 else numpy.uint32),
-                                 ref.view(numpy.uint16 if dtype ==
-                                          numpy.float16 else numpy.uint32))
+    bits = numpy.uint16 if dtype == numpy.float16 else numpy.uint32
+    y = (rng.standard_normal(4096) * 2.0 ** rng.uniform(-30, 15, 4096)
+         ).astype(dtype)
+
+    def same(got, ref):
+        # equal bits, NaN payloads aside (a GPU writes its canonical NaN)
+        n = numpy.isnan(ref)
+        return numpy.array_equal(numpy.isnan(got), n) and \
+            numpy.array_equal(got[~n].view(bits), ref[~n].view(bits))
+    with numpy.errstate(over='ignore', invalid='ignore'):
+        for e in (-30, -8, -1, 0, 3, 20):
+            r = 2.0 ** e
+            ref = (x.astype(numpy.float32) * numpy.float32(r)).astype(dtype)
+            got = to_cpu(d.rescale(to_gpu(x), d.scalar(r)))
+            assert got.dtype == dtype and same(got, ref), e
+            # fused with the addition of a second rescaled gradient, as
+            # rescaling both and F.add (x + y in the dtype) would give
+            r2 = 2.0 ** (3 - e)
+            ref2 = (ref + (y.astype(numpy.float32) * numpy.float32(r2)
+                           ).astype(dtype)).astype(dtype)
+            got2 = to_cpu(d.rescale_add(to_gpu(x), d.scalar(r), to_gpu(y),
+                                        r2))
+            assert same(got2, ref2), e
 
 
 def test_to_floats_mixes_host_and_device():
