@@ -1,6 +1,7 @@
 """2-D convolution GEMM (chainer.functions.convolution_2d)."""
 from chainer.functions.connection import convolution_2d as _conv
 
+from ada_loss.functions.add import GradAccumulation
 from ada_loss.functions.gemm import FP16Emulation, GemmFunction
 from ada_loss.loss_scale.gemm import grad_input_gain
 
@@ -9,7 +10,7 @@ class Convolution2DGradW(FP16Emulation, _conv.Convolution2DGradW):
     """gW of a convolution (also of a deconvolution, with x and gy swapped)."""
 
 
-class Convolution2DFunction(GemmFunction, FP16Emulation,
+class Convolution2DFunction(GradAccumulation, GemmFunction, FP16Emulation,
                             _conv.Convolution2DFunction):
 
     bias_axis = (0, 2, 3)

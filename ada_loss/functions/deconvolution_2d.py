@@ -3,10 +3,11 @@ from chainer.functions.connection import deconvolution_2d as _deconv
 
 from ada_loss.functions.convolution_2d import (
     Convolution2DFunction, Convolution2DGradW)
+from ada_loss.functions.add import GradAccumulation
 from ada_loss.functions.gemm import FP16Emulation, GemmFunction
 
 
-class Deconvolution2DFunction(GemmFunction, FP16Emulation,
+class Deconvolution2DFunction(GradAccumulation, GemmFunction, FP16Emulation,
                               _deconv.Deconvolution2DFunction):
 
     bias_axis = (0, 2, 3)

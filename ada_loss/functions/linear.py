@@ -2,6 +2,7 @@
 from chainer.functions.connection import linear as _linear
 from chainer import utils
 
+from ada_loss.functions.add import GradAccumulation
 from ada_loss.functions.gemm import FP16Emulation, GemmFunction
 
 
@@ -18,7 +19,8 @@ class LinearGradWeight(FP16Emulation, _linear.LinearGradWeight):
     """gW = gy^T x, rounded to W's dtype."""
 
 
-class LinearFunction(GemmFunction, FP16Emulation, _linear.LinearFunction):
+class LinearFunction(GradAccumulation, GemmFunction, FP16Emulation,
+                     _linear.LinearFunction):
 
     bias_axis = 0
     grad_input_axes = (0,)     # gx_j = Σ_i gy_i W_ij

@@ -19,6 +19,7 @@ import chainer
 import numpy
 from chainer import function_node
 
+from ada_loss.functions.add import GradAccumulation
 from ada_loss.functions.fp16_elementwise import emulates_fp16_elementwise
 
 _U16 = numpy.uint16
@@ -28,7 +29,7 @@ def _bits(a):
     return a.view(_U16)
 
 
-class ReLU(function_node.FunctionNode):
+class ReLU(GradAccumulation, function_node.FunctionNode):
     """``max(x, 0)`` of a float16 NumPy array, on its bit patterns."""
 
     is_elementwise = True
@@ -46,7 +47,7 @@ class ReLU(function_node.FunctionNode):
         return ReLUGrad(y).apply(grad_outputs)
 
 
-class ReLUGrad(function_node.FunctionNode):
+class ReLUGrad(GradAccumulation, function_node.FunctionNode):
     """``gy * (y > 0)`` for float16 NumPy arrays, on the bit patterns.
 
     Its own gradient is the same function of the same ``y`` (as Chainer's

@@ -275,3 +275,33 @@ def test_batch_normalization_link_conversion_and_eval():
         with native():
             ref = chain(x)
     assert_same(y, ref)
+
+
+# -- gradient accumulation -------------------------------------------------
+def test_gradients_of_a_reused_array_sum_like_chainer():
+    """x feeds our nodes and Chainer's, one of them twice: Chainer's backward
+    sums its gradients through GradAccumulation in the fast path, F.add in
+    the native one; same bits, NaN payloads included."""
+    rs = numpy.random.RandomState(0)
+    x = rs.standard_normal((4, 8, 16, 16)).astype(F16)
+    gs = [(rs.standard_normal(x.shape) * 10.0 ** -rs.uniform(3, 7, x.shape))
+          .astype(F16) for _ in range(4)]
+    gs[0].reshape(-1)[:3] = numpy.array([0x7E01, 0xFE00, 0x7C00],
+                                        U16).view(F16)
+    gs[2].reshape(-1)[:3] = numpy.array([0x7E05, 0x7E00, 0xFC00],
+                                        U16).view(F16)
+    # NaN + NaN keeps the second operand's payload: the order shows
+    gs[3].reshape(-1)[:3] = numpy.array([0x7E07, 0xFE03, 0x7C00],
+                                        U16).view(F16)
+    grads = []
+    for mode in ('emulated', 'native'):
+        with chainer.using_config('fp16_elementwise', mode), \
+                numpy.errstate(all='ignore'):
+            v = chainer.Variable(x)
+            ys = [AF.relu(v), F.tanh(v), AF.add(v, v),
+                  AF.relu(AF.relu(v))]
+            for y, g in zip(ys, gs):
+                y.grad = g
+            chainer.backward(ys)
+            grads.append(v.grad_var)
+    assert_same(grads[0], grads[1])

@@ -6,7 +6,9 @@ A ResNet-8 (width 8, option-A shortcuts: stride-2 slicing and zero padding)
 built as training builds it (``Classifier`` in mixed16, which converts its
 batch normalizations, ``setup_optimizer`` with FP32 master weights,
 ``MixedPrecisionUpdater``) runs three steps on the same batches, once per
-path; the GEMMs are the emulated FP16 GEMMs in both. Compared, as bit
+path; the GEMMs are the emulated FP16 GEMMs in both, and Chainer's backward
+sums the gradients of each block's input through the nodes'
+``backward_accumulate`` in the fast path. Compared, as bit
 patterns: the loss of every step, every parameter's gradient after the last
 step (FP16 for the GEMM weights, FP32 for γ/β), the FP16 weights, the FP32
 master weights, and the batch-norm running averages. With Chainer's backward
@@ -129,6 +131,11 @@ def test_mixed16_step_bit_identical_to_native(mode):
     assert isinstance(model.predictor.bn1, AL.BatchNormalization)
     assert {ReLU, ReLUGrad, Add, Float16BatchNormalizationImpl} <= rec.types
     assert not {chainer_relu.ReLU, chainer_relu.ReLUGrad2} & rec.types
+    if mode.startswith('fixed'):
+        # Chainer's backward summed the gradients of each block's input
+        # through GradAccumulation (the ⟨α, δ⟩ backward sums itself)
+        assert basic_math.Add not in rec.types
+        assert basic_math.Add in rec_ref.types
     assert not {ReLU, ReLUGrad, Add, Float16BatchNormalizationImpl} \
         & rec_ref.types
     assert rec.subnormals > 1000 and rec.subnormals == rec_ref.subnormals
