@@ -78,7 +78,7 @@ def statistics_vs_gemms(model, repeats):
         stack.extend(v.creator_node for v in f.inputs)
     gemms = {getattr(f, 'scale_key', None): f for f in nodes.values()}
     stats_ms = gemm_ms = 0.0
-    layers = 0
+    per_layer = []
     for func, W, g in captured:
         node = gemms.get(func.scale_key)
         if node is None:
@@ -86,13 +86,18 @@ def statistics_vs_gemms(model, repeats):
         gy = chainer.Variable(g)
         targets = tuple(i for i, v in enumerate(node.inputs)
                         if v.requires_grad)
-        stats_ms += gpu_ms(lambda: inner(func, W, g), repeats)
+        st = gpu_ms(lambda: inner(func, W, g), repeats)
         with chainer.using_config('enable_backprop', False):
-            gemm_ms += gpu_ms(lambda: node.backward(targets, (gy,)), repeats)
-        layers += 1
-    return dict(model=model, batch=MODELS[model]['batch'], layers=layers,
-                statistics_ms=stats_ms, gemms_ms=gemm_ms,
-                ratio=stats_ms / gemm_ms)
+            gm = gpu_ms(lambda: node.backward(targets, (gy,)), repeats)
+        per_layer.append(dict(layer=func.scale_key, W=list(W.shape),
+                              g=list(g.shape), statistics_ms=st,
+                              gemms_ms=gm))
+        stats_ms += st
+        gemm_ms += gm
+    return dict(model=model, batch=MODELS[model]['batch'],
+                layers=len(per_layer), statistics_ms=stats_ms,
+                gemms_ms=gemm_ms, ratio=stats_ms / gemm_ms,
+                per_layer=per_layer)
 
 
 def synchronizations(model):
@@ -114,12 +119,48 @@ def synchronizations(model):
         t0 = time.perf_counter()
         backward()
         host = time.perf_counter() - t0
+        del backward    # its graph: a later one must not need new memory
         cupy.cuda.Device().synchronize()
         # the spin outlasts the backward's host time by far
         waited = device.waits_for_device(prepared(), seconds=5 + 4 * host)
+        first = first_waiting_function(prepared(), seconds=5 + 4 * host) \
+            if waited else None
     return dict(model=model, synchronizations_per_backward=count,
                 backward_waited_for_device=waited,
-                backward_host_seconds=host)
+                backward_host_seconds=host,
+                first_function_after_a_wait=first)
+
+
+class _WaitProbe(chainer.FunctionHook):
+    """Notes the first function, in backward order, after whose backward the
+    spinning kernel had finished: the host waited just before."""
+
+    name = 'wait_probe'
+
+    def __init__(self, event):
+        self.event = event
+        self.first = None
+        self.count = 0
+
+    def backward_postprocess(self, function, in_data, out_grad):
+        self.count += 1
+        if self.first is None and self.event.done:
+            self.first = '{} (#{} in backward order, input shapes {})'.format(
+                function.label, self.count, [getattr(x, 'shape', None)
+                                             for x in in_data])
+
+
+def first_waiting_function(backward, seconds):
+    spin = cupy.RawKernel(device._SPIN, 'ada_loss_spin')
+    rate = cupy.cuda.runtime.getDeviceProperties(0)['clockRate'] * 1e3
+    done = cupy.cuda.Event()
+    cupy.cuda.Device().synchronize()
+    spin((1,), (1,), (numpy.int64(rate * seconds),))
+    done.record()
+    with _WaitProbe(done) as probe:
+        backward()
+    cupy.cuda.Device().synchronize()
+    return probe.first
 
 
 def step_times(model, repeats):
@@ -177,7 +218,8 @@ def main():
         print('(b) {model}: {synchronizations_per_backward} synchronizations '
               'per backward; waited for the device: '
               '{backward_waited_for_device} (backward host time '
-              '{backward_host_seconds:.3f} s)'.format(**r), flush=True)
+              '{backward_host_seconds:.3f} s; first function after a wait: '
+              '{first_function_after_a_wait})'.format(**r), flush=True)
         out['synchronizations'].append(r)
     for m in models:
         r = step_times(m, args.repeats)

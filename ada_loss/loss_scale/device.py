@@ -36,16 +36,9 @@ _THREADS = 256
 _MAX_BLOCKS = 1024
 
 _SOURCE = r"""
-#define NAN_MAX(a, b) ((((b) > (a)) || ((b) != (b))) ? (b) : (a))
-
-__device__ __forceinline__ float load(const float* p, long long i) {
-    return p[i];
-}
-
 // IEEE binary16 bits -> float, exactly (subnormals, Inf, NaN), in integer
 // arithmetic: independent of the compiler's denormal mode.
-__device__ __forceinline__ float load(const unsigned short* p, long long i) {
-    unsigned int h = p[i];
+__device__ __forceinline__ float h2f(unsigned int h) {
     unsigned int s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
     unsigned int bits;
     if (e == 31u) {
@@ -60,6 +53,49 @@ __device__ __forceinline__ float load(const unsigned short* p, long long i) {
                  | (((m << k) & 1023u) << 13);
     }
     return __int_as_float(bits);
+}
+
+__device__ __forceinline__ float load(const float* p, long long i) {
+    return p[i];
+}
+
+__device__ __forceinline__ float load(const unsigned short* p, long long i) {
+    return h2f(p[i]);
+}
+
+#define NAN_MAX(a, b) ((((b) > (a)) || ((b) != (b))) ? (b) : (a))
+
+__device__ __forceinline__ void acc(float v, double& s, float& m) {
+    s += (double)v * (double)v;
+    m = NAN_MAX(m, fabsf(v));
+}
+
+// The grid's share of sum x^2 and max|x|, four elements per load where the
+// data are aligned (the memory-bound part: wide loads keep it near bandwidth).
+__device__ void accumulate(const float* x, long long n, double& s, float& m) {
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    long long n4 = ((unsigned long long)x & 15ull) == 0ull ? n / 4 : 0;
+    const float4* x4 = (const float4*)x;
+    for (long long i = tid; i < n4; i += stride) {
+        float4 v = x4[i];
+        acc(v.x, s, m); acc(v.y, s, m); acc(v.z, s, m); acc(v.w, s, m);
+    }
+    for (long long i = n4 * 4 + tid; i < n; i += stride) acc(x[i], s, m);
+}
+
+__device__ void accumulate(const unsigned short* x, long long n, double& s,
+                           float& m) {
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    long long n4 = ((unsigned long long)x & 7ull) == 0ull ? n / 4 : 0;
+    const uint2* x4 = (const uint2*)x;
+    for (long long i = tid; i < n4; i += stride) {
+        uint2 v = x4[i];
+        acc(h2f(v.x & 0xffffu), s, m); acc(h2f(v.x >> 16), s, m);
+        acc(h2f(v.y & 0xffffu), s, m); acc(h2f(v.y >> 16), s, m);
+    }
+    for (long long i = n4 * 4 + tid; i < n; i += stride) acc(h2f(x[i]), s, m);
 }
 
 __device__ __forceinline__ double dmax(double a, double b) {
@@ -135,13 +171,7 @@ __device__ bool moments(const T* x, long long n, double* psum, float* pmax,
                         unsigned int* counter, double* out) {
     double s = 0.0, unused = 0.0;
     float m = 0.0f;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-         i < n; i += stride) {
-        float v = load(x, i);
-        s += (double)v * (double)v;
-        m = NAN_MAX(m, fabsf(v));
-    }
+    accumulate(x, n, s, m);
     block_reduce(s, unused, m);
     if (threadIdx.x == 0) {
         psum[blockIdx.x] = s;
@@ -313,23 +343,46 @@ extern "C" __global__ void common_scale(
 """
 
 
-@functools.lru_cache(maxsize=None)
-def _module(device_id):
-    # One compiled module per device; --fmad=false: no fused multiply-add,
-    # so the double arithmetic matches the host's operation by operation.
-    return cupy.RawModule(code=_SOURCE, options=('--std=c++14',
-                                                 '--fmad=false'))
+class _Workspace(object):
+    """Per device: the compiled kernels (``--fmad=false``: no fused
+    multiply-add, so the double arithmetic matches the host's operation by
+    operation), the counter the blocks of a launch count themselves on (the
+    last resets it) and scratch space for partial results. Launches on one
+    stream run in order, so one workspace per device serves them all."""
+
+    def __init__(self):
+        module = cupy.RawModule(code=_SOURCE, options=('--std=c++14',
+                                                       '--fmad=false'))
+        self.kernels = {}
+        for name in ('moments_f32', 'moments_f16', 'weight_stats_f32',
+                     'weight_stats_f16', 'grad_beta_f32', 'grad_beta_f16',
+                     'cap_accum', 'common_scale'):
+            self.kernels[name] = module.get_function(name)
+        self.counter = cupy.zeros(1, dtype=cupy.uint32)
+        self._scratch = {}
+
+    def scratch(self, n):
+        """(float64[n], float64[n], float32[n]) reused by every launch."""
+        if n not in self._scratch:
+            self._scratch[n] = (cupy.empty(n, cupy.float64),
+                                cupy.empty(n, cupy.float64),
+                                cupy.empty(n, cupy.float32))
+        return self._scratch[n]
+
+
+_workspaces = {}
+
+
+def _workspace():
+    dev = cupy.cuda.runtime.getDevice()
+    ws = _workspaces.get(dev)
+    if ws is None:
+        ws = _workspaces[dev] = _Workspace()
+    return ws
 
 
 def _kernel(name):
-    return _module(cupy.cuda.Device().id).get_function(name)
-
-
-@functools.lru_cache(maxsize=None)
-def _counter(device_id):
-    # Blocks count themselves here; the last one resets it to 0. Launches on
-    # one stream run in order, so one counter per device serves them all.
-    return cupy.zeros(1, dtype=cupy.uint32)
+    return _workspace().kernels[name]
 
 
 def _flat(a):
@@ -365,10 +418,10 @@ def moments(a):
         out[...] = 0
         return out
     x, suffix = _flat(a)
-    blocks = _blocks(n)
-    _kernel('moments_' + suffix)((blocks,), (_THREADS,), (
-        x, cupy.int64(n), cupy.empty(blocks, cupy.float64),
-        cupy.empty(blocks, cupy.float32), _counter(x.device.id), out))
+    ws = _workspace()
+    psum, _, pmax = ws.scratch(_MAX_BLOCKS)
+    ws.kernels['moments_' + suffix]((_blocks(n),), (_THREADS,), (
+        x, cupy.int64(n), psum, pmax, ws.counter, out))
     return out
 
 
@@ -395,10 +448,11 @@ def weight_statistics(W, axes):
     J = int(W.shape[k])
     B = int(math.prod(W.shape[k + 1:]))
     x, suffix = _flat(W)
-    _kernel('weight_stats_' + suffix)((J,), (_THREADS,), (
-        x, cupy.int64(A), cupy.int64(J), cupy.int64(B),
-        cupy.empty(J, cupy.float64), cupy.empty(J, cupy.float64),
-        cupy.empty(J, cupy.float32), _counter(x.device.id), out))
+    ws = _workspace()
+    pcol, psq, pmax = ws.scratch(max(J, _MAX_BLOCKS))
+    ws.kernels['weight_stats_' + suffix]((J,), (_THREADS,), (
+        x, cupy.int64(A), cupy.int64(J), cupy.int64(B), pcol, psq, pmax,
+        ws.counter, out))
     return out
 
 
@@ -435,7 +489,7 @@ def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', bound='product',
             ``'output'`` bound's gain; default: all but the second).
     """
     u_min, u_max, sqrt2, erf, code, cap = _constants(
-        str(get_format(fmt)), float(t_uf), bound, max_scale)
+        fmt if isinstance(fmt, str) else fmt.name, t_uf, bound, max_scale)
     if w_stats is None:
         w_stats = weight_statistics(
             W, axes if axes is not None else
@@ -446,12 +500,12 @@ def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', bound='product',
         out[...] = 1.0      # σ_p = 0: β = 1
         return out[2]
     x, suffix = _flat(g)
-    blocks = _blocks(n)
+    ws = _workspace()
+    psum, _, pmax = ws.scratch(_MAX_BLOCKS)
     fan_in = float(W.size // W.shape[0]) if W.ndim else 1.0
-    _kernel('grad_beta_' + suffix)((blocks,), (_THREADS,), (
-        x, cupy.int64(n), cupy.empty(blocks, cupy.float64),
-        cupy.empty(blocks, cupy.float32), _counter(x.device.id), w_stats,
-        u_min, u_max, sqrt2, erf, code, fan_in, cap, out))
+    ws.kernels['grad_beta_' + suffix]((_blocks(n),), (_THREADS,), (
+        x, cupy.int64(n), psum, pmax, ws.counter, w_stats, u_min, u_max,
+        sqrt2, erf, code, fan_in, cap, out))
     return out[2]
 
 
