@@ -45,8 +45,8 @@ class Float16BatchNormalizationImpl(_bn.GeneralBatchNormalizationImpl):
         inv_std = numpy.reciprocal(numpy.sqrt(var + eps, dtype=interm_dtype))
 
         # _apply_bn_fwd
-        x_hat = _bn._x_hat(xs, mean[expander], inv_std[expander])
-        y = x_hat * gamma
+        y = _bn._x_hat(xs, mean[expander], inv_std[expander])
+        y *= gamma
         y += beta
         y = narrow(y)
 

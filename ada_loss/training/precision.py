@@ -158,8 +158,9 @@ def apply_precision(model, precision):
     does) with ``gemm_formats`` set; for float32 and mixed16 the formats are
     cleared. In mixed16 every ``chainer.links.BatchNormalization`` also
     becomes :class:`ada_loss.links.BatchNormalization` (Chainer's results,
-    faster on float16 NumPy arrays: :mod:`ada_loss.functions.fp16_elementwise`).
-    Returns the paths of the GEMM links.
+    faster on float16 NumPy arrays; see
+    :mod:`ada_loss.functions.fp16_elementwise`). Returns the paths of the
+    GEMM links.
     """
     from ada_loss.links import as_batch_normalization_link, as_gemm_link
     parsed = parse_precision(precision)
