@@ -29,8 +29,10 @@ try:
         _chainer_compat.apply()     # NumPy 2, Python 3.12, setuptools 82
         import chainer  # NOQA
         _chainer_compat.apply_cuda()
-except ImportError:     # the framework-free parts above still work
-    chainer = None
+except ImportError as e:
+    if not (isinstance(e, ModuleNotFoundError) and e.name == 'chainer'):
+        raise   # Chainer is installed but fails: say why, not later
+    chainer = None      # not installed: the framework-free parts above work
 
 if chainer is not None:
     from ada_loss.adaptive import (  # NOQA

@@ -7,9 +7,10 @@ edits installed files. Each patch names the file it serves; each has a test in
 
 * ``numpy.sctypes`` (removed in NumPy 2.0) — read at import by
   ``chainer/functions/array/as_strided.py``.
-* ``numpy.distutils.system_info`` (``numpy.distutils`` is gone on Python >= 3.12)
-  — imported by ``chainer/_environment_check.py``, which calls ``get_info`` on
-  macOS only: a module whose ``get_info`` finds no BLAS information.
+* ``numpy.distutils.system_info`` (``numpy.distutils`` is gone on Python
+  >= 3.12) — imported by ``chainer/_environment_check.py``, which calls
+  ``numpy.distutils.system_info.get_info`` on macOS only: a module (also set
+  as ``numpy.distutils``) whose ``get_info`` finds no BLAS information.
 * ``pkg_resources`` (removed in setuptools 82) — imported by
   ``chainer/_environment_check.py`` to warn about CuPy/iDeep versions outside
   Chainer 7's ranges. Without it that optional check is replaced by one that
@@ -76,6 +77,10 @@ def _numpy_distutils():
     package.system_info = system_info
     sys.modules['numpy.distutils'] = package
     sys.modules['numpy.distutils.system_info'] = system_info
+    # Chainer reads it as an attribute, numpy.distutils.system_info.get_info,
+    # which the import statement sets only for a module it loads itself.
+    import numpy
+    numpy.distutils = package
     applied['numpy.distutils.system_info'] = True
 
 
@@ -103,7 +108,8 @@ def _quiet_pkg_resources():
 
 
 def apply_chainermn():
-    """Patches ChainerMN's ``unpack_params`` (call after importing chainermn)."""
+    """Patches ChainerMN's ``unpack_params`` (call after importing
+    ``chainermn``)."""
     mu = sys.modules.get('chainermn.communicators._memory_utility')
     if mu is None or getattr(mu.unpack_params, '_ada_loss_compat', False):
         return

@@ -47,6 +47,14 @@ def _f32(x):
     return float(numpy.float32(x))
 
 
+def _f32_grown(x):
+    """:func:`_f32` of a grown scale: beyond float32's range it is inf, which
+    the caller tests and does not apply (as the frameworks do), so NumPy's
+    "overflow encountered in cast" would only report the expected."""
+    with numpy.errstate(over='ignore'):
+        return float(numpy.float32(x))
+
+
 def _positive_finite(name, value):
     if isinstance(value, bool) or not (
             isinstance(value, (int, float, numpy.number))
@@ -162,7 +170,7 @@ class DynamicLossScale(_Style):
         else:
             self.clean_steps += 1
             if self.clean_steps == self.growth_interval:
-                grown = _f32(self.scale * self.growth_factor)
+                grown = _f32_grown(self.scale * self.growth_factor)
                 if math.isfinite(grown):
                     self.scale = self._clamp(grown)
                 self.clean_steps = 0
@@ -265,7 +273,7 @@ class TFLossScale(_Style):
             if self.good_steps + 1 >= self.incr_every_n_steps:
                 # float32 tensor times the ratio converted to float32; the
                 # exact product of two float32 rounds the same way
-                grown = _f32(self.scale * _f32(self.incr_ratio))
+                grown = _f32_grown(self.scale * _f32(self.incr_ratio))
                 if math.isfinite(grown):
                     self.scale = self._clamp(grown)
                 self.good_steps = self.bad_steps = 0

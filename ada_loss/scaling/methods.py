@@ -8,6 +8,7 @@ divides them by it in FP32 (on the FP32 master copy under
 """
 
 import chainer
+import numpy
 
 from ada_loss.formats import get_format
 from ada_loss.loss_scale.dynamic import make_dynamic_loss_scale
@@ -17,6 +18,17 @@ from ada_loss.scaling.modes import parse_mode
 
 class NonFiniteGradientError(FloatingPointError):
     """Inf/NaN gradients in a mode that cannot recover by skipping."""
+
+
+def _scaled_backward():
+    """NumPy's overflow/invalid warnings off for a scaled backward pass: a
+    loss scale too large for the gradients' format shows as Inf/NaN, which
+    the updater tests every step and handles (the step skipped, or
+    :class:`NonFiniteGradientError`), so NumPy 2's "overflow encountered in
+    cast" (Chainer's FP32->FP16 casts) and "invalid value encountered in
+    dot" (Inf * 0 after it) would only report the expected. The forward
+    pass and unscaled backprop (``fp32``, ``none``) keep their warnings."""
+    return numpy.errstate(over='ignore', invalid='ignore')
 
 
 class LossScaling(object):
@@ -67,7 +79,8 @@ class FixedScaling(LossScaling):
         self._scale = check_scale(scale, 'fixed loss scale')
 
     def backward(self, loss):
-        loss.backward(loss_scale=self._scale)
+        with _scaled_backward():
+            loss.backward(loss_scale=self._scale)
 
     @property
     def scale(self):
@@ -113,7 +126,8 @@ class DynamicScaling(LossScaling):
         self.style = self.state.style
 
     def backward(self, loss):
-        loss.backward(loss_scale=self.state.scale)
+        with _scaled_backward():
+            loss.backward(loss_scale=self.state.scale)
 
     def update(self, found_overflow):
         self.state.update(found_overflow)
@@ -172,7 +186,8 @@ class AdaptiveScaling(LossScaling):
         if self.ada is None:
             raise RuntimeError('{}.bind(model) was not called'.format(
                 type(self).__name__))
-        self.ada.backward(loss)
+        with _scaled_backward():
+            self.ada.backward(loss)
 
     def loss_scales(self):
         return self.ada.loss_scales() if self.ada is not None else {}

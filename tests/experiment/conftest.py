@@ -52,7 +52,8 @@ def overflowing_fixed(monkeypatch):
     from ada_loss.scaling import methods
 
     def backward(self, loss):
-        loss.backward(loss_scale=2.0 ** 100 if self._scale == 8192
-                      else self._scale)
+        with methods._scaled_backward():    # as FixedScaling.backward
+            loss.backward(loss_scale=2.0 ** 100 if self._scale == 8192
+                          else self._scale)
     monkeypatch.setattr(methods.FixedScaling, 'backward', backward)
     return 8192

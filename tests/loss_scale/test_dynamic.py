@@ -45,6 +45,7 @@ def test_pytorch_trajectory():
     assert s.clean_steps == 1
 
 
+@pytest.mark.filterwarnings('error::RuntimeWarning')   # growth past f32
 def test_pytorch_float32_scale():
     """The scale is a float32 tensor: each product (in double) is rounded to
     float32, and a growth that would overflow float32 is not applied; there
@@ -93,6 +94,7 @@ def test_tf_trajectory():
                      (1, 1), (2, 1), (0, 0), (0, 1), (0, 0), (0, 1), (0, 0)]
 
 
+@pytest.mark.filterwarnings('error::RuntimeWarning')   # growth past f32
 def test_tf_float32_and_bounds():
     """float32 products with the ratio converted to float32; never below 1;
     a growth to a non-finite float32 is not applied."""

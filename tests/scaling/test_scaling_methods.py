@@ -287,6 +287,7 @@ def test_dynamic_loss_scale_state_machine():
     assert t.scale == 2.0 and t.clean_steps == 1
 
 
+@pytest.mark.filterwarnings('error::RuntimeWarning')   # growth past f32
 def test_dynamic_loss_scale_clamps():
     s = DynamicLossScale(init_scale=4, growth_interval=1, min_scale=1,
                          max_scale=16)
