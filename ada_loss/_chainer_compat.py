@@ -153,12 +153,32 @@ def apply_cuda():
         applied['cuda: no cuDNN in CuPy >= 14'] = True
 
 
+def _cupy_without_cudnn():
+    # CuPy >= 14 has no cuDNN at all; Chainer 7.8.1 then uses its im2col /
+    # cuBLAS paths anyway, but warns "cuDNN is not enabled ... reinstall
+    # CuPy" at its first kernel, advice nobody can follow. CHAINER_CUDNN=0
+    # is Chainer's own switch for "no cuDNN": the same paths, no warning.
+    if 'chainer' in sys.modules or 'CHAINER_CUDNN' in os.environ or \
+            _module_missing('cupy'):
+        return
+    from importlib import metadata
+    try:
+        names = metadata.packages_distributions().get('cupy', [])
+        majors = [int(metadata.version(n).split('.')[0]) for n in names]
+    except Exception:   # an unreadable installation: leave Chainer as is
+        return
+    if majors and min(majors) >= 14:
+        os.environ['CHAINER_CUDNN'] = '0'
+        applied['CHAINER_CUDNN=0 (CuPy >= 14 has no cuDNN)'] = True
+
+
 def apply():
     """Applies every patch this stack needs before Chainer is imported; the
     CuPy and ChainerMN ones also when Chainer already is."""
     _numpy_sctypes()
     _numpy_distutils()
     if 'chainer' not in sys.modules:
+        _cupy_without_cudnn()
         _environment_check()
         _quiet_pkg_resources()
     apply_cuda()

@@ -125,10 +125,37 @@ def synchronizations(model):
         waited = device.waits_for_device(prepared(), seconds=5 + 4 * host)
         first = first_waiting_function(prepared(), seconds=5 + 4 * host) \
             if waited else None
+        # Chainer's own backward of the same model at a fixed scale: a wait
+        # there too comes from Chainer/CuPy/cuBLAS, not from the α, δ code.
+        def plain_prepared():
+            with chainer.using_config('train', True):
+                s.model.cleargrads()
+                x, t = s.updater.converter(
+                    s.updater.get_iterator('main').next(), DEVICE)
+                loss = s.model(x, t)
+            cupy.cuda.Device().synchronize()
+            return lambda: loss.backward(loss_scale=128.0)
+        plain_prepared()()
+        waited_plain = device.waits_for_device(plain_prepared(),
+                                               seconds=5 + 4 * host)
+        # The same with CUDA's stream-ordered allocator (cudaMallocAsync):
+        # a wait that disappears there came from growing CuPy's default
+        # pool (cudaMalloc), not from the backward's own code.
+        pool = cupy.get_default_memory_pool()
+        cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
+        try:
+            s.step()
+            prepared()()
+            waited_async = device.waits_for_device(prepared(),
+                                                   seconds=5 + 4 * host)
+        finally:
+            cupy.cuda.set_allocator(pool.malloc)
     return dict(model=model, synchronizations_per_backward=count,
                 backward_waited_for_device=waited,
                 backward_host_seconds=host,
-                first_function_after_a_wait=first)
+                first_function_after_a_wait=first,
+                waited_with_stream_ordered_allocator=waited_async,
+                chainer_plain_backward_waited=waited_plain)
 
 
 class _WaitProbe(chainer.FunctionHook):
@@ -198,6 +225,7 @@ def main():
     p.add_argument('--repeats', type=int, default=20)
     p.add_argument('--models', default='resnet20,resnet50')
     p.add_argument('--json', help='also write the records here')
+    p.add_argument('--parts', default='abc', help='which of (a), (b), (c)')
     args = p.parse_args()
     props = cupy.cuda.runtime.getDeviceProperties(0)
     info = dict(gpu=props['name'].decode(), cupy=cupy.__version__,
@@ -207,21 +235,25 @@ def main():
     print(info)
     out = dict(machine=info, statistics=[], synchronizations=[], steps=[])
     models = args.models.split(',')
-    for m in models:
+    for m in models if 'a' in args.parts else ():
         r = statistics_vs_gemms(m, args.repeats)
         print('(a) {model} batch {batch}: statistics {statistics_ms:.3f} ms '
               '/ backward GEMMs {gemms_ms:.3f} ms over {layers} layers = '
               '{ratio:.4f}'.format(**r), flush=True)
         out['statistics'].append(r)
-    for m in models:
+    for m in models if 'b' in args.parts else ():
         r = synchronizations(m)
         print('(b) {model}: {synchronizations_per_backward} synchronizations '
               'per backward; waited for the device: '
               '{backward_waited_for_device} (backward host time '
               '{backward_host_seconds:.3f} s; first function after a wait: '
-              '{first_function_after_a_wait})'.format(**r), flush=True)
+              '{first_function_after_a_wait}); with cudaMallocAsync, waited: '
+              '{waited_with_stream_ordered_allocator}; Chainer\'s own '
+              'backward (fixed scale) waited: {chainer_plain_backward_waited}'
+              .format(**r),
+              flush=True)
         out['synchronizations'].append(r)
-    for m in models:
+    for m in models if 'c' in args.parts else ():
         r = step_times(m, args.repeats)
         print('(c) {} batch {}, medians of {} interleaved steps:'.format(
             m, r['batch'], r['repeats']))
