@@ -3,6 +3,7 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 
+from ada_loss import functions as AF
 from ada_loss import links as AL
 from ada_loss.models.common import global_average_pooling_2d, he_normal
 
@@ -36,11 +37,11 @@ class SmallCNN(chainer.Chain):
             self.fc = AL.Linear(4 * width, num_classes)
 
     def forward(self, x):
-        h = F.relu(self.bn1(self.conv1(x)))
+        h = AF.relu(self.bn1(self.conv1(x)))
         h = F.max_pooling_2d(h, 2, cover_all=False)
-        h = F.relu(self.bn2(self.conv2(h)))
+        h = AF.relu(self.bn2(self.conv2(h)))
         h = F.max_pooling_2d(h, 2, cover_all=False)
-        h = F.relu(self.bn3(self.conv3(h)))
+        h = AF.relu(self.bn3(self.conv3(h)))
         return self.fc(global_average_pooling_2d(h))
 
 
@@ -78,5 +79,5 @@ class PlainConvNet(chainer.Chain):
     def forward(self, x):
         h = x
         for i in range(self.depth):
-            h = F.relu(getattr(self, 'conv{}'.format(i + 1))(h))
+            h = AF.relu(getattr(self, 'conv{}'.format(i + 1))(h))
         return self.fc(global_average_pooling_2d(h))
