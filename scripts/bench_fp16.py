@@ -220,8 +220,9 @@ def main():
                 'MixedPrecisionUpdater)'.format(args.batch), res,
                 ['f32', 'emu', 'nat'])
     print_ratios(res, 'f32', 'emu', 'nat')
-    print('  (mixed16 also runs Chainer\'s own float16 element-wise ops -- '
-          'ReLU, add, batch-norm casts -- which NumPy computes without SIMD)')
+    print('  (emulated: also the float16 element-wise ops -- ReLU, add, '
+          'batch norm -- through ada_loss.functions, bit for bit Chainer\'s; '
+          'native: GEMMs in NumPy float16)')
     print('load avg at end: {}'.format(bc.load_average()))
 
 
