@@ -23,7 +23,6 @@ backpropagation stay Chainer's.
 """
 import numpy
 
-import chainer
 from chainer.functions.normalization import batch_normalization as _bn
 
 from ada_loss.formats import narrow, widen, widen_summable
