@@ -21,7 +21,9 @@ edits installed files. Each patch names the file it serves; each has a test in
   communicator): the same function with ``xp.asarray``.
 * CuPy >= 14 has no cuDNN at all (``cupy.cudnn`` is gone). Chainer 7.8.1 falls
   back to its im2col/cuBLAS paths and warns "cuDNN is not enabled" at the first
-  kernel, advice that cannot be followed: the warning is marked as given.
+  kernel, advice that cannot be followed: ``CHAINER_CUDNN=0`` (Chainer's own
+  switch) is set before Chainer is imported, and where Chainer already was,
+  the warning is marked as given.
 
 :func:`apply` runs before Chainer is imported: by ``import ada_loss`` and, when
 ``scripts/install.sh`` wrote the start-up hook (:func:`write_startup_hook`), at
