@@ -178,13 +178,16 @@ class _WaitProbe(chainer.FunctionHook):
 
 
 def first_waiting_function(backward, seconds):
-    probes = []
-
-    def watch(event):
-        probes.append(_WaitProbe(event))
-        return probes[0]
-    device.waits_for_device(backward, seconds, watch=watch)
-    return probes[0].first
+    spin = cupy.RawKernel(device._SPIN, 'ada_loss_spin')
+    rate = cupy.cuda.runtime.getDeviceProperties(0)['clockRate'] * 1e3
+    done = cupy.cuda.Event()
+    cupy.cuda.Device().synchronize()
+    spin((1,), (1,), (numpy.int64(rate * seconds),))
+    done.record()
+    with _WaitProbe(done) as probe:
+        backward()
+    cupy.cuda.Device().synchronize()
+    return probe.first
 
 
 def step_times(model, repeats):

@@ -608,18 +608,10 @@ def count_synchronizations(fn):
     return count[0]
 
 
-def waits_for_device(fn, seconds=1.0, watch=None):
+def waits_for_device(fn, seconds=1.0):
     """Runs ``fn()`` behind a kernel that spins for ``seconds`` on the same
     stream; True if the host waited for the device during ``fn`` (any
-    synchronization, declared by CuPy or not, waits for the spin — and so
-    does a launch when CUDA's queue of pending launches is full, after some
-    1000 of them).
-
-    Args:
-        watch: ``watch(event)`` → a context manager around ``fn()``, given
-            the event recorded after the spin (``event.done`` turns true
-            when the host has waited), to locate a wait.
-    """
+    synchronization, declared by CuPy or not, waits for the spin)."""
     spin = cupy.RawKernel(_SPIN, 'ada_loss_spin')
     rate = cupy.cuda.runtime.getDeviceProperties(
         cupy.cuda.Device().id)['clockRate'] * 1e3     # kHz -> Hz
@@ -627,11 +619,7 @@ def waits_for_device(fn, seconds=1.0, watch=None):
     cupy.cuda.Device().synchronize()
     spin((1,), (1,), (cupy.int64(int(rate * seconds)),))
     done.record()
-    if watch is None:
-        fn()
-    else:
-        with watch(done):
-            fn()
+    fn()
     waited = done.done
     cupy.cuda.Device().synchronize()
     return waited
