@@ -14,8 +14,11 @@ which calls it). Every comparison is of bit patterns, strides included
   ±Inf, NaN, signed zeros) and on random pairs of all magnitudes.
 * Batch normalization: y, batch statistics, running averages, gx, gγ, gβ,
   for NCHW, NHWC-ordered, large feature maps (reduced runs longer than
-  NumPy's 8192-element buffer) and (N, C) inputs, with subnormal and
-  non-finite inputs; and the link in training and evaluation.
+  NumPy's 8192-element buffer, where a plain float32 copy would sum
+  differently) and (N, C) inputs, with subnormal and non-finite inputs; and
+  the link in training and evaluation.
+* Gradient sums of an array used several times (GradAccumulation), NaN
+  payloads included (NaN + NaN keeps the second operand's).
 """
 import numpy
 import pytest
@@ -27,6 +30,7 @@ from chainer.functions.activation.relu import ReLUGrad2
 
 from ada_loss import functions as AF
 from ada_loss import links as AL
+from ada_loss.formats import widen, widen_summable
 from ada_loss.functions.add import Add
 from ada_loss.functions.batch_normalization import (
     Float16BatchNormalizationImpl)
@@ -220,29 +224,43 @@ def _nhwc(a):
 def _bn_inputs(shape, layout, seed=0, scale_gy=1e-5):
     rs = numpy.random.RandomState(seed)
     x = (rs.standard_normal(shape) * 2 + 0.5).astype(F16)
-    # gradients around FP16's subnormal range
     gy = (rs.standard_normal(shape) * scale_gy).astype(F16)
     if layout == 'nhwc':
         x, gy = _nhwc(x), _nhwc(gy)
     return x, gy
 
 
-@pytest.mark.parametrize('shape,layout', [
-    ((16, 8, 16, 16), 'nchw'),
-    ((16, 8, 16, 16), 'nhwc'),
-    ((2, 3, 96, 96), 'nchw'),     # per-channel runs of 9216 > 8192
-    ((2, 3, 96, 96), 'nhwc'),
-    ((64, 40), 'nchw'),
+@pytest.mark.parametrize('shape,layout,scale_gy', [
+    ((16, 8, 16, 16), 'nchw', 1e-5),   # gradients around FP16's subnormals
+    ((16, 8, 16, 16), 'nhwc', 1e-5),
+    # per-channel runs of 10000 > NumPy's 8192-element reduction buffer
+    ((2, 3, 100, 100), 'nchw', 1e-2),
+    ((2, 3, 100, 100), 'nhwc', 1e-5),
+    ((64, 40), 'nchw', 1e-5),
 ])
-def test_batch_normalization_bits(shape, layout):
-    x, gy = _bn_inputs(shape, layout)
+def test_batch_normalization_bits(shape, layout, scale_gy):
+    x, gy = _bn_inputs(shape, layout, scale_gy=scale_gy)
     fast = _bn_run(x, gy, 'emulated', AL.BatchNormalization)
     ref = _bn_run(x, gy, 'native')
     assert isinstance(fast['impl'], Float16BatchNormalizationImpl)
     assert not isinstance(ref['impl'], Float16BatchNormalizationImpl)
-    assert (numpy.abs(fast['gx'].astype(F32)) < 2.0 ** -14).mean() > 0.05
+    if scale_gy < 1e-3:
+        assert (numpy.abs(fast['gx'].astype(F32)) < 2.0 ** -14).mean() > 0.05
     for k in ('y', 'gx', 'ggamma', 'gbeta', 'mean', 'var'):
         assert_same(fast[k], ref[k])
+
+
+def test_batch_normalization_reductions_need_float16_order():
+    """In the (2, 3, 100, 100) case above, float32 copies summed unbuffered
+    give other statistics and Σ gy: the test can tell."""
+    x, gy = _bn_inputs((2, 3, 100, 100), 'nchw', scale_gy=1e-2)
+    ax = (0, 2, 3)
+    for a, f in ((x, 'mean'), (x, 'var'), (gy, 'sum')):
+        ref = getattr(a, f)(axis=ax, dtype=F32)
+        assert not numpy.array_equal(getattr(widen(a), f)(axis=ax, dtype=F32),
+                                     ref)
+        assert numpy.array_equal(
+            getattr(widen_summable(a), f)(axis=ax, dtype=F32), ref)
 
 
 def test_batch_normalization_function_and_edge_values():
