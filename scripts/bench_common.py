@@ -24,6 +24,11 @@ import chainer  # NOQA: E402
 def blas_brief():
     """A one-line description of NumPy's BLAS (name, library, threads)."""
     name, lib = '?', '?'
+    try:    # NumPy 2: the build's dependency table
+        blas = numpy.show_config(mode='dicts')['Build Dependencies']['blas']
+        name, lib = blas.get('name', '?'), blas.get('version', '?')
+    except Exception:
+        pass
     try:
         cfg = numpy.__config__
         for key in ('openblas64__info', 'openblas_info', 'blas_ilp64_opt_info',
@@ -31,7 +36,7 @@ def blas_brief():
             info = getattr(cfg, key, None)
             if info is None:
                 info = getattr(cfg, 'get_info', lambda k: {})(key)
-            if info:
+            if info and name == '?':
                 name = key.replace('_info', '')
                 lib = ','.join(sorted(set(info.get('libraries', []))))
                 break
