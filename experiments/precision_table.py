@@ -1,19 +1,17 @@
 #!/usr/bin/env python
-"""The precision table (not in the paper): rows = precision (mixed16, bf16,
-fp8_e5m2, fp8_e4m3, fp8), columns = None, Fixed (best/worst), Dynamic,
-Adaptive, Adaptive with the paper's overflow bound, Amax; see
-ada_loss/experiment/precision_sweep.py and configs/precision.yaml. Takes the
-runner's options (--set, --only, --out, --jobs, --resume, --force, ...)."""
+"""The precision table (not in the paper): every loss-scaling mode in
+every precision of grid.precisions (mixed16, bf16, fp8_e5m2, fp8_e4m3, fp8),
+emulated on the CPU; configs/precision.yaml, configs/demo_fp8.yaml. Takes
+the options of every entry (--set, --only, --out, --jobs, --resume, ...)."""
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
-from ada_loss.experiment.precision_sweep import main  # NOQA
+from ada_loss.experiment.runner import main  # NOQA: E402
+from ada_loss.experiment.studies.classification import STUDY  # NOQA: E402
 
-DEFAULT = os.path.join(os.path.dirname(__file__), '..', 'configs',
-                       'precision.yaml')
+CONFIG = os.path.join(os.path.dirname(__file__), '..', 'configs', 'precision.yaml')
 
 if __name__ == '__main__':
-    sys.exit(main(default_config=os.path.normpath(DEFAULT),
-                  description='Loss scaling across precisions (CPU)',
-                  defaults={'jobs': 2}))
+    sys.exit(main(STUDY, default_config=os.path.normpath(CONFIG),
+                  description=__doc__.split('\n')[0], defaults={'jobs': 2}))

@@ -1,13 +1,15 @@
-"""Experiments of the paper (§4.1 Table 1, Appendix A Table 4) on Chainer's
-Trainer: YAML configs (:mod:`.config`), the grid of runs (:mod:`.grid`), one
-run (:mod:`.run`), the Trainer set-up and run.json summary shared by every
-table (:mod:`.trainer`), the command line (:mod:`.runner`), the tables
-(:mod:`.tables`) and loss-scale plots (:mod:`.plots`); §4.2 Table 2 on
-ImageNet is :mod:`.imagenet`; the mini reproduction on real data without
-downloads is :mod:`.mini`.
+"""The experiment harness, separate from the library: typed YAML configs
+(:mod:`.config`), the one run path of every entry (:mod:`.runner`: a
+:class:`~.runner.Study` names its config, cells, run and tables), the
+Trainer set-up and ``run.json`` shared by every run (:mod:`.trainer`,
+:mod:`.runinfo`), the tables (:mod:`.tables`) and plots (:mod:`.plots`).
+The studies (:mod:`.studies`): classification (Tables 1 and 4, the mini
+reproduction, the precision table), ImageNet (Table 2), detection (Tables 3
+and 5), APS (seed 004) and the figures. Nothing in the library imports
+from here.
 """
 import os as _os
 
 _os.environ.setdefault('MPLBACKEND', 'Agg')   # no display needed
 
-from ada_loss.experiment.config import ConfigError, load_config  # NOQA
+from ada_loss.experiment.config import ConfigError  # NOQA: E402

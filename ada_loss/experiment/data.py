@@ -12,6 +12,8 @@ import numpy
 
 import chainer
 
+from ada_loss import datasets as D
+
 #: name -> (number of classes, input channels)
 DATASETS = {
     'cifar10': (10, 3),
@@ -37,33 +39,32 @@ def _subset(dataset, size, seed):
 
 
 def load_datasets(name, data_cfg):
-    """``(train, test)`` for dataset ``name`` and the ``data`` config section.
+    """``(train, test)`` for dataset ``name`` and the ``data`` config section (any object with its attributes).
 
     Raises:
         ada_loss.datasets.DatasetNotFoundError: files missing (never
             downloads).
     """
-    from ada_loss import datasets as D
     dataset_info(name)
     if name in ('cifar10', 'cifar100'):
-        train, test = D.get_cifar(name, data_cfg['cifar_root'])
+        train, test = D.get_cifar(name, data_cfg.cifar_root)
         mean, std = ((D.CIFAR10_MEAN, D.CIFAR10_STD) if name == 'cifar10'
                      else (D.CIFAR100_MEAN, D.CIFAR100_STD))
-        train_tf = (D.cifar_train_transform(mean, std) if data_cfg['augment']
+        train_tf = (D.cifar_train_transform(mean, std) if data_cfg.augment
                     else D.cifar_test_transform(mean, std))
     else:
         if name == 'digits':
-            train, test = D.get_digits(size=data_cfg['digits_size'],
-                                       seed=data_cfg['split_seed'])
+            train, test = D.get_digits(size=data_cfg.digits_size,
+                                       seed=data_cfg.split_seed)
         else:
-            train, test = D.get_fashion_mnist(data_cfg['fashion_mnist_root'])
+            train, test = D.get_fashion_mnist(data_cfg.fashion_mnist_root)
         mean, std = D.channel_stats(train.images)
         if train.images.dtype != numpy.uint8:
             mean, std = mean * train.scale, std * train.scale
         train_tf = D.cifar_test_transform(mean, std)
     test_tf = D.cifar_test_transform(mean, std)
-    seed = data_cfg['split_seed']
-    train = _subset(train, data_cfg['train_size'], seed)
-    test = _subset(test, data_cfg['test_size'], seed + 1)
+    seed = data_cfg.split_seed
+    train = _subset(train, data_cfg.train_size, seed)
+    test = _subset(test, data_cfg.test_size, seed + 1)
     return (D.transform_dataset(train, train_tf),
             D.transform_dataset(test, test_tf))

@@ -6,11 +6,13 @@ Uses matplotlib's Agg backend (no display needed).
 import collections
 import csv
 import math
+import os
 
 import matplotlib
 matplotlib.use('Agg')
 
 from ada_loss import atomic  # NOQA: E402
+from ada_loss.experiment import runinfo as R  # NOQA: E402
 
 
 def read_loss_scales(path):
@@ -76,3 +78,17 @@ def plot_loss_scales(csv_paths, png_path, title=None, max_panels=4):
                                                        dpi=110), mode='wb')
     plt.close(fig)
     return png_path
+
+
+def plot_adaptive(table_dir, png_path):
+    """One panel per seed of every finished adaptive run below
+    ``table_dir``; returns the PNG path or None."""
+    runs = [r for r in R.find_runs(table_dir)
+            if r['mode_name'] == 'adaptive' and r['status'] == R.FINISHED
+            and os.path.exists(os.path.join(r['folder'], 'loss_scales.csv'))]
+    if not runs:
+        return None
+    return plot_loss_scales(
+        [os.path.join(r['folder'], 'loss_scales.csv') for r in runs],
+        png_path, title=['{} (test acc {:.2f}%)'.format(
+            r['name'], 100 * r['final_test_accuracy']) for r in runs])

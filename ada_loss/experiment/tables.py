@@ -9,7 +9,8 @@ fixed scales S, the highest/lowest mean (a scale whose runs all diverged is
 the worst). ``—`` marks a missing cell; ``diverged`` a cell whose runs all
 diverged; ``(k div.)`` counts diverged seeds left out of a mean.
 
-Table 4 (Appendix A): test accuracy per fixed loss scale S.
+Table 4 (Appendix A): test accuracy per fixed loss scale S. The precision
+table (not in the paper): the same modes in every precision.
 
 Outputs Markdown and CSV (:func:`write_tables`).
 """
@@ -212,9 +213,94 @@ def to_csv(table):
     return buf.getvalue()
 
 
+# -- the precision table (not in the paper) -----------------------------------------
+# One row per (precision, dataset, model); columns None | Fixed (best) |
+# Fixed (worst) | Dynamic | Adaptive | Adaptive (paper bound) | Amax, each
+# shown only when such runs exist; a cell shows the mean number of skipped
+# (overflowing) steps per run where there were any. "Adaptive" is the mode
+# with the default overflow bound, "Adaptive (paper bound)"
+# ``adaptive:bound=product`` (§3.2.3 as written).
+#: row order: widest to narrowest gradient format
+ROW_ORDER = ('float32', 'mixed16', 'bf16', 'fp8_e5m2', 'fp8_e4m3', 'fp8')
+
+COLUMNS = ('None', 'Fixed (best)', 'Fixed (worst)', 'Dynamic', 'Adaptive',
+           'Adaptive (paper bound)', 'Amax')
+
+
+def _column(run):
+    name, opts = run['mode_name'], run['mode_options']
+    if name == 'adaptive':
+        return 'Adaptive (paper bound)' if opts.get('bound') == 'product' \
+            else 'Adaptive'
+    return {'none': 'None', 'dynamic': 'Dynamic', 'amax': 'Amax'}.get(name)
+
+
+def _precision_order(p):
+    return (ROW_ORDER.index(p), p) if p in ROW_ORDER else (len(ROW_ORDER), p)
+
+
+def skipped_note(stats):
+    runs = [r for r in stats.runs if r.get('skipped_steps') is not None]
+    if not runs:
+        return ''
+    mean = sum(r['skipped_steps'] for r in runs) / float(len(runs))
+    return ' [{:g} skipped]'.format(round(mean, 1)) if mean else ''
+
+
+def precision_table(runs):
+    """The table from a list of ``run.json`` dicts (``precision`` key)."""
+    runs = [r for r in runs if r.get('precision') and
+            r['mode_name'] != 'fp32']
+    keys = sorted({(r['precision'], r['dataset'], r['model']) for r in runs},
+                  key=lambda k: (_precision_order(k[0]), k[1], k[2]))
+    present = {_column(r) for r in runs} | (
+        {'Fixed (best)', 'Fixed (worst)'}
+        if any(r['mode_name'] == 'fixed' for r in runs) else set())
+    columns = [c for c in COLUMNS if c in present]
+    rows, cells = [], []
+    for key in keys:
+        mine = [r for r in runs if (r['precision'], r['dataset'],
+                                    r['model']) == key]
+        by_col = collections.defaultdict(list)
+        fixed = collections.defaultdict(list)
+        for r in mine:
+            if r['mode_name'] == 'fixed':
+                fixed['fixed', r['mode_options']['scale']].append(r)
+            elif _column(r):
+                by_col[_column(r)].append(r)
+        best, worst = _fixed_extremes(fixed)
+        row = {c: CellStats(by_col.get(c, [])) for c in columns}
+        row['Fixed (best)'], row['Fixed (worst)'] = best, worst
+        texts = []
+        for c in columns:
+            s = row[c]
+            texts.append(s.text() + (skipped_note(s) if s.n else ''))
+            cells.append((key[1], key[2], '{} {}'.format(key[0], c), s))
+        rows.append([key[0], DATASET_LABELS.get(key[1], key[1]), key[2]]
+                    + texts)
+    footer = ('{} runs; final test accuracy (%), mean ± sample std over '
+              'seeds; [k skipped] = mean overflowing steps skipped per run '
+              '(none where not shown); "diverged" = all seeds diverged.'
+              .format(len(runs)))
+    return Table('Loss scaling across precisions: final test accuracy (%)',
+                 ['Precision', 'Dataset', 'Model'] + columns, rows, cells,
+                 footer)
+
+
+def write_table(table, folder, name, quiet=False):
+    """Writes ``<name>.md`` and ``<name>.csv`` of a :class:`Table` to
+    ``folder`` (atomically) and prints the Markdown unless ``quiet``."""
+    os.makedirs(folder, exist_ok=True)
+    md = to_markdown(table)
+    atomic.write_text(os.path.join(folder, name + '.md'), md)
+    atomic.write_text(os.path.join(folder, name + '.csv'), to_csv(table))
+    if not quiet:
+        print(md)
+    return table
+
+
 def build_table(results_dir, layout='table1'):
     """Reads every run below ``results_dir`` and builds the table."""
-    from ada_loss.experiment.precision_table import precision_table
     runs = R.find_runs(results_dir)
     return {'table1': table1, 'table4': table4,
             'precision': precision_table}[layout](runs)
@@ -227,12 +313,5 @@ def write_tables(results_dir, layout='table1', out_dir=None, quiet=False):
     Returns:
         Table: the table.
     """
-    table = build_table(results_dir, layout)
-    out_dir = out_dir or results_dir
-    os.makedirs(out_dir, exist_ok=True)
-    md = to_markdown(table)
-    atomic.write_text(os.path.join(out_dir, layout + '.md'), md)
-    atomic.write_text(os.path.join(out_dir, layout + '.csv'), to_csv(table))
-    if not quiet:
-        print(md)
-    return table
+    return write_table(build_table(results_dir, layout),
+                       out_dir or results_dir, layout, quiet)

@@ -43,6 +43,11 @@ from ada_loss.training import extensions as AE
 from ada_loss.training.random_states import RandomStates, SerialIterator
 from ada_loss.training.seeded_iterator import SeededIterator
 from ada_loss.training.snapshot import Snapshot, snapshot_candidates
+from ada_loss.training.hooks import add_weight_decay
+from ada_loss.training.precision import setup_optimizer
+from ada_loss.training.distributed import (
+    DistributedMixedPrecisionUpdater, create_multi_node_optimizer,
+    prime_multi_node_optimizer)
 from ada_loss.training.triggers import IntervalOrEnd
 
 
@@ -148,20 +153,45 @@ def make_updater(train_iter, optimizer, scaling, spec, comm=None,
             updater = MixedPrecisionUpdater(train_iter, optimizer, scaling,
                                             mode=str(spec))
         else:
-            from ada_loss.training import distributed
-            updater = distributed.DistributedMixedPrecisionUpdater(
+            updater = DistributedMixedPrecisionUpdater(
                 train_iter, optimizer, scaling, comm, mode=str(spec))
-            distributed.prime_multi_node_optimizer(optimizer, comm)
+            prime_multi_node_optimizer(optimizer, comm)
     if summary_path and is_writer(comm) and summary.getvalue():
         atomic.write_text(summary_path, summary.getvalue())
     return updater
+
+
+def build_optimizer(model, precision, lr, momentum, weight_decay,
+                    comm=None):
+    """MomentumSGD (+ ChainerMN wrapper) with FP32 master weights for the
+    low precisions and weight decay as a hook of every parameter's update
+    rule: there it sees the gradient after the FP32 unscaling (an
+    optimizer-level hook would see the loss-scaled gradient; Chainer's own
+    WeightDecay would multiply its rate by the loss scale there, see
+    :mod:`ada_loss.training.hooks`)."""
+    opt = chainer.optimizers.MomentumSGD(lr=lr, momentum=momentum)
+    if comm is not None:
+        opt = create_multi_node_optimizer(opt, comm)
+    setup_optimizer(opt, model, precision)
+    if weight_decay > 0:
+        add_weight_decay(model, weight_decay)
+    return opt
+
+
+def evaluator(test_iter, model, comm=None):
+    """Chainer's Evaluator (ChainerMN's multi-node one with ``comm``)."""
+    ev = E.Evaluator(test_iter, model)
+    if comm is not None:
+        import chainermn        # optional: needs mpi4py
+        ev = chainermn.create_multi_node_evaluator(ev, comm)
+    return ev
 
 
 def interval_triggers(log_cfg, stop):
     """``every(key)``: the trigger of the ``log`` interval ``key``, also
     firing at the stop point."""
     def every(key):
-        n, unit = log_cfg[key]
+        n, unit = getattr(log_cfg, key)
         return IntervalOrEnd(n, unit, stop)
     return every
 
@@ -204,7 +234,7 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
         trainer.extend(extension, trigger=trigger, name=name)
     if hasattr(scaling, 'loss_scales'):
         trainer.extend(AE.LossScaleRecorder(
-            scaling, interval=log_cfg['loss_scale_interval']))
+            scaling, interval=log_cfg.loss_scale_interval))
 
 
 def print_report(keys, every, enabled, out=None):
@@ -231,12 +261,6 @@ def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
     info.update(wall_time_s=trainer.elapsed_time, loss_scale=scaling.scale,
                 error=error, updated=now())
     return info
-
-
-def blas_threads(cfg):
-    """The BLAS/OpenMP thread count of a run (config key ``blas_threads``,
-    default 1)."""
-    return int((cfg or {}).get('blas_threads') or 1)
 
 
 def run_trainer(trainer, updater, info, folder, finalize, comm=None,
@@ -279,7 +303,7 @@ def scatter(train, test, batchsize, comm, seed, what='batchsize'):
     ranks (``test`` only if not None). Unchanged without ``comm``."""
     if comm is None:
         return train, test, batchsize
-    import chainermn
+    import chainermn            # optional: needs mpi4py
     if batchsize % comm.size:
         raise ValueError('{} {} is not divisible by the {} ranks'.format(
             what, batchsize, comm.size))

@@ -21,7 +21,7 @@ from ada_loss.communication.communicator import (
     APSDistributedUpdater, build_aps_optimizer)
 from ada_loss.communication.simulator import SimulatedDataParallelUpdater
 from ada_loss.datasets import get_digits
-from ada_loss.experiment.run import build_optimizer
+from ada_loss.experiment.trainer import build_optimizer
 from ada_loss.models import build_model
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.training import Classifier, dtype_config
@@ -87,7 +87,7 @@ def run_case(comm, train, mode, precision, model_name, options):
 
     def simulate(pol):
         sim_model = make_model(model_name, precision)
-        sim_opt = build_optimizer(sim_model, precision, TRAIN)
+        sim_opt = build_optimizer(sim_model, precision, **TRAIN)
         sim_it = chainer.iterators.SerialIterator(
             [train[i] for i in range(total)], PER_RANK * n, shuffle=False)
         sim = SimulatedDataParallelUpdater(sim_it, sim_opt, scaling_for(mode),

@@ -9,7 +9,7 @@ from ada_loss.communication import CommPolicy
 from ada_loss.communication.simulator import (
     SimulatedDataParallelUpdater, split_batch)
 from ada_loss.datasets import get_digits
-from ada_loss.experiment.run import build_optimizer
+from ada_loss.experiment.trainer import build_optimizer
 from ada_loss.models import build_model
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.training import Classifier
@@ -27,7 +27,7 @@ def data():
 def model_opt():
     numpy.random.seed(0)
     model = Classifier(build_model('small_cnn', 10, in_channels=1, width=4))
-    return model, build_optimizer(model, 'float32', TRAIN)
+    return model, build_optimizer(model, 'float32', **TRAIN)
 
 
 def params(model):

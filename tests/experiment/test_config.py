@@ -4,24 +4,28 @@ import os
 
 import pytest
 
+from functools import partial
+
 from ada_loss.experiment import config as C
-from ada_loss.experiment import grid as G
-from ada_loss.experiment.runner import main
+from ada_loss.experiment import runner
+from ada_loss.experiment.studies.classification import STUDY, Config, run_name
+
+main = partial(runner.main, STUDY)
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..')
 
 
 def load(**raw):
-    return C.load_config(raw=raw)
+    return C.load(Config, raw=raw)
 
 
 def test_defaults_are_he_et_al_recipe():
     cfg = load()
-    t = cfg['train']
-    assert (t['batchsize'], t['lr'], t['momentum'], t['weight_decay'],
-            t['epochs'], t['lr_steps'], t['lr_decay']) == \
+    t = cfg.train
+    assert (t.batchsize, t.lr, t.momentum, t.weight_decay,
+            t.epochs, t.lr_steps, t.lr_decay) == \
         (128, 0.1, 0.9, 1e-4, 164, [81, 122], 0.1)
-    assert cfg['log']['eval_interval'] == [1, 'epoch']
+    assert cfg.log.eval_interval == [1, 'epoch']
 
 
 @pytest.mark.parametrize('raw, key, words', [
@@ -64,49 +68,47 @@ def test_errors_name_the_key(raw, key, words):
 
 
 def test_overrides_are_yaml_values():
-    cfg = C.load_config(raw={}, overrides=[
+    cfg = C.load(Config, raw={}, overrides=[
         'train.lr=0.05', 'grid.seeds=[0, 1]', 'train.weight_decay=1e-4',
         'grid.modes=[fp32, "fixed:128", adaptive:t_uf=0.01]',
         'per_model.resnet110.train.warmup_iterations=400',
         'log.eval_interval=5 iteration'])
-    assert cfg['train']['lr'] == 0.05
-    assert cfg['grid']['seeds'] == [0, 1]
-    assert cfg['train']['weight_decay'] == 1e-4
-    assert cfg['grid']['modes'] == ['fp32', 'fixed:128',
-                                    'adaptive:t_uf=0.01']
-    assert cfg['log']['eval_interval'] == [5, 'iteration']
-    r110 = C.config_for_model(cfg, 'resnet110')
-    assert r110['train']['warmup_iterations'] == 400
-    assert C.config_for_model(cfg, 'resnet20')['train'][
-        'warmup_iterations'] == 0
+    assert cfg.train.lr == 0.05
+    assert cfg.grid.seeds == [0, 1]
+    assert cfg.train.weight_decay == 1e-4
+    assert cfg.grid.modes == ['fp32', 'fixed:128', 'adaptive:t_uf=0.01']
+    assert cfg.log.eval_interval == [5, 'iteration']
+    r110 = cfg.for_model('resnet110')
+    assert r110.train.warmup_iterations == 400
+    assert cfg.for_model('resnet20').train.warmup_iterations == 0
 
 
 @pytest.mark.parametrize('text', ['train.lr', '=3', 'train.lr=[1,'])
 def test_bad_override_syntax(text):
     with pytest.raises(C.ConfigError):
-        C.load_config(raw={}, overrides=[text])
+        C.load(Config, raw={}, overrides=[text])
 
 
 def test_override_unknown_key_is_rejected():
     with pytest.raises(C.ConfigError) as e:
-        C.load_config(raw={}, overrides=['train.lrr=0.1'])
+        C.load(Config, raw={}, overrides=['train.lrr=0.1'])
     assert e.value.key == 'train.lrr'
 
 
 def test_extends_and_shipped_configs():
-    table1 = C.load_config(os.path.join(ROOT, 'configs', 'table1.yaml'))
-    table4 = C.load_config(os.path.join(ROOT, 'configs', 'table4.yaml'))
-    mini = C.load_config(os.path.join(ROOT, 'configs', 'mini.yaml'))
+    table1 = C.load(Config, os.path.join(ROOT, 'configs', 'table1.yaml'))
+    table4 = C.load(Config, os.path.join(ROOT, 'configs', 'table4.yaml'))
+    mini = C.load(Config, os.path.join(ROOT, 'configs', 'mini.yaml'))
     # Table 1: 3 depths x 2 datasets x (fp32, none, dynamic, adaptive, six
     # fixed scales) x 4 seeds
-    assert len(G.expand_grid(table1)) == 3 * 2 * 10 * 4
-    assert table1['per_model']['resnet110']['train'][
+    assert len(STUDY.cells(table1)) == 3 * 2 * 10 * 4
+    assert table1.per_model['resnet110']['train'][
         'warmup_iterations'] == 400
     # Table 4 extends Table 1: same recipe, scales 1 .. 16384
-    assert len(G.expand_grid(table4)) == 2 * 1 * 7 * 4
-    assert table4['train'] == table1['train']
-    assert C.grid_modes(table4)[0] == 'fixed:1'
-    cells = G.expand_grid(mini)
+    assert len(STUDY.cells(table4)) == 2 * 1 * 7 * 4
+    assert table4.train == table1.train
+    assert table4.modes()[0] == 'fixed:1'
+    cells = STUDY.cells(mini)
     assert len(cells) == 14 and {c.seed for c in cells} == {0, 1}
     assert sum(c.mode.startswith('fixed') for c in cells) == 6
 
@@ -115,17 +117,17 @@ def test_grid_order_and_only_filter():
     cfg = load(grid={'models': ['small_cnn'], 'datasets': ['digits'],
                      'modes': ['adaptive', 'fp32', 'dynamic', 'none'],
                      'fixed_scales': [1024, 16], 'seeds': [0, 1]})
-    cells = G.expand_grid(cfg)
+    cells = STUDY.cells(cfg)
     assert [c.mode for c in cells[:6]] == [
         'fp32', 'none', 'fixed:16', 'fixed:1024', 'dynamic', 'adaptive']
-    assert G.run_name(cells[2]) == 'small_cnn-digits-fixed_16-s0'
-    sel = G.select(cells, ['mode=adaptive|fixed:16,seed=1'])
+    assert run_name(cells[2]) == 'small_cnn-digits-fixed_16-s0'
+    sel = runner.select(cells, ['mode=adaptive|fixed:16,seed=1'])
     assert [(c.mode, c.seed) for c in sel] == [('fixed:16', 1),
                                                ('adaptive', 1)]
     with pytest.raises(ValueError, match='matches no run'):
-        G.select(cells, ['model=resnet20'])
+        runner.select(cells, ['model=resnet20'])
     with pytest.raises(ValueError, match='bad --only'):
-        G.select(cells, ['colour=red'])
+        runner.select(cells, ['colour=red'])
 
 
 def test_cli_rejects_bad_config_before_running(tiny_config, out_dir, capsys):

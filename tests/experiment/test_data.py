@@ -6,9 +6,14 @@ import os
 import numpy
 import pytest
 
-from ada_loss.experiment.config import load_config
+from ada_loss.experiment.config import load
 from ada_loss.experiment.data import load_datasets
-from ada_loss.experiment.runner import main
+from functools import partial
+
+from ada_loss.experiment import runner
+from ada_loss.experiment.studies.classification import STUDY
+
+main = partial(runner.main, STUDY)
 
 
 def write_idx(path, array):
@@ -20,8 +25,8 @@ def write_idx(path, array):
 
 
 def test_digits_normalized_and_subset():
-    cfg = load_config(raw={'data': {'train_size': 100, 'test_size': 50}})
-    train, test = load_datasets('digits', cfg['data'])
+    cfg = load(STUDY.Config, raw={'data': {'train_size': 100, 'test_size': 50}})
+    train, test = load_datasets('digits', cfg.data)
     assert (len(train), len(test)) == (100, 50)
     x = numpy.stack([train[i][0] for i in range(100)])
     assert x.shape == (100, 1, 16, 16) and x.dtype == numpy.float32
@@ -35,8 +40,8 @@ def test_fashion_mnist_from_idx_files(tmp_path):
                   rng.randint(0, 256, (n, 28, 28)))
         write_idx(tmp_path / ('%s-labels-idx1-ubyte.gz' % prefix),
                   numpy.arange(n) % 10)
-    cfg = load_config(raw={'data': {'fashion_mnist_root': str(tmp_path)}})
-    train, test = load_datasets('fashion_mnist', cfg['data'])
+    cfg = load(STUDY.Config, raw={'data': {'fashion_mnist_root': str(tmp_path)}})
+    train, test = load_datasets('fashion_mnist', cfg.data)
     assert (len(train), len(test)) == (40, 20)
     x, t = train[3]
     assert x.shape == (1, 28, 28) and x.dtype == numpy.float32 and t == 3

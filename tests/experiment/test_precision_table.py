@@ -4,7 +4,12 @@ are the precisions and whose columns are the modes present."""
 import json
 import os
 
-from ada_loss.experiment.precision_sweep import main
+from functools import partial
+
+from ada_loss.experiment import runner
+from ada_loss.experiment.studies.classification import STUDY
+
+main = partial(runner.main, STUDY)
 
 
 def test_precision_sweep_end_to_end(tiny_config, out_dir, capsys):

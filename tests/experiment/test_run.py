@@ -9,7 +9,12 @@ import pytest
 import yaml
 
 from ada_loss.experiment import runinfo as R
-from ada_loss.experiment.runner import main
+from functools import partial
+
+from ada_loss.experiment import runner
+from ada_loss.experiment.studies.classification import STUDY
+
+main = partial(runner.main, STUDY)
 
 MODES = ['fp32', 'none', 'fixed:128', 'dynamic', 'adaptive']
 DTYPE = {'fp32': 'float32'}

@@ -1,6 +1,7 @@
 """Tables 1 and 4 built from run folders: layout, statistics, bold best,
 missing cells, diverged runs, Markdown/CSV output and the CLI."""
 import csv
+from functools import partial
 import os
 import subprocess
 import sys
@@ -8,6 +9,8 @@ import sys
 import pytest
 
 from ada_loss.experiment import runinfo as R
+from ada_loss.experiment import runner
+from ada_loss.experiment.studies.classification import STUDY
 from ada_loss.experiment import tables as T
 from ada_loss.scaling import parse_mode
 
@@ -93,32 +96,33 @@ def test_table4_per_scale(results):
                              '— (0 runs)']
 
 
-def test_files_and_cli(results, tmp_path):
-    out = str(tmp_path / 'tables')
-    cmd = [sys.executable, os.path.join(ROOT, 'experiments',
-                                        'build_tables.py'),
-           '--results', results, '--table', '1', '--out', out]
+def test_files_and_table_only(results, tmp_path):
+    """The tables of existing runs: ``--table-only`` of the entry trains
+    nothing and writes Markdown and CSV."""
+    out_root = os.path.dirname(results)
+    cfg = tmp_path / 'cfg.yaml'
+    cfg.write_text('table: {}\n'.format(os.path.basename(results)))
+    cmd = [sys.executable, os.path.join(ROOT, 'experiments', 'table1.py'),
+           '--config', str(cfg), '--out', out_root, '--table-only']
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, check=True,
                           universal_newlines=True)
     assert 'Table 1' in proc.stdout and '| C10 | 20 |' in proc.stdout
-    with open(os.path.join(out, 'table1.md')) as f:
+    with open(os.path.join(results, 'table1.md')) as f:
         assert f.read() in proc.stdout
-    rows = list(csv.DictReader(open(os.path.join(out, 'table1.csv'))))
+    rows = list(csv.DictReader(open(os.path.join(results, 'table1.csv'))))
     best = [r for r in rows if r['model'] == 'resnet20' and
             r['dataset'] == 'cifar10' and r['column'] == 'Fixed (best)'][0]
     assert best['scale'] == '16' and best['n_finished'] == '2'
     assert abs(float(best['mean_accuracy']) - 92.29) < 1e-9
+    out = str(tmp_path / 'tables')
     T.write_tables(results, 'table4', out, quiet=True)
     assert os.path.exists(os.path.join(out, 'table4.csv'))
-    bad = subprocess.run(cmd[:2] + ['--results', str(tmp_path / 'nope')],
-                         stderr=subprocess.PIPE, universal_newlines=True)
-    assert bad.returncode == 2 and 'no such folder' in bad.stderr
 
 
 def test_tables_from_real_runs(tiny_config, out_dir, capsys,
                                overflowing_fixed):
     """End to end: runs of every mode (one diverged) -> printed Table 1."""
-    from ada_loss.experiment.runner import main
+    main = partial(runner.main, STUDY)
     path = tiny_config(grid={'modes': ['fp32', 'none', 'dynamic',
                                        'adaptive'],
                              'fixed_scales': [16, overflowing_fixed]},

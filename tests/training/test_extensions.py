@@ -8,8 +8,9 @@ import pytest
 import chainer
 
 from ada_loss.experiment.data import load_datasets
-from ada_loss.experiment.config import load_config
-from ada_loss.experiment.run import build_optimizer
+from ada_loss.experiment.config import load
+from ada_loss.experiment.studies.classification import Config
+from ada_loss.experiment.trainer import build_optimizer
 from ada_loss.models import SmallCNN
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.training import Classifier, MixedPrecisionUpdater, dtype_config
@@ -18,14 +19,13 @@ from ada_loss.training.triggers import IntervalOrEnd, StopAt
 
 
 def one_update(mode, weight_decay, chainer_hook=False):
-    cfg = load_config(raw={'data': {'train_size': 64}})
-    train, _ = load_datasets('digits', cfg['data'])
+    cfg = load(Config, raw={'data': {'train_size': 64}})
+    train, _ = load_datasets('digits', cfg.data)
     numpy.random.seed(0)
     with dtype_config('mixed16'):
         model = Classifier(SmallCNN(width=4), 'mixed16')
-    train_cfg = dict(cfg['train'], weight_decay=0.0 if chainer_hook
-                     else weight_decay)
-    opt = build_optimizer(model, 'mixed16', train_cfg)
+    opt = build_optimizer(model, 'mixed16', cfg.train.lr, cfg.train.momentum,
+                          0.0 if chainer_hook else weight_decay)
     if chainer_hook:
         for p in model.params():
             p.update_rule.add_hook(

@@ -1,0 +1,469 @@
+"""Image classification under every loss-scaling mode: Table 1 (paper §4.1),
+Table 4 (Appendix A), the mini reproduction and the precision table (not in
+the paper), one study with one config.
+
+A cell is (model, dataset, mode, seed, precision); its run lives in
+``<out>/<table>/<run name>/`` (``<out>/<table>/<precision>/<run name>/`` when
+the config sweeps ``grid.precisions``) with run name
+``<model>-<dataset>-<mode>-s<seed>``, the mode's ``:`` and ``,`` made ``_``
+(``fixed:128`` -> ``fixed_128``).
+
+One run (:meth:`ClassificationStudy.run`) builds the model in the run's
+precision (float32 for ``fp32``, mixed16 unless given otherwise), MomentumSGD
+with FP32 master weights and a per-parameter weight-decay hook (it runs
+inside the update rule, after the gradient is unscaled in FP32), the
+loss-scaling method of the mode, and Chainer's Trainer with the extensions of
+:func:`ada_loss.experiment.trainer.extend_trainer` (evaluator,
+StepLearningRate, LogReport + ``log.csv``, PrintReport / ProgressBar,
+PlotReport ``loss.png`` / ``accuracy.png``, the snapshot and, for the
+layer-wise modes, ``loss_scales.csv``). A run whose gradients overflow in a
+mode that cannot skip steps, or whose final loss is not finite, ends with
+status ``diverged`` instead of stopping the grid.
+
+The defaults are the CIFAR recipe of He et al. (2016, §4.2) that the paper
+keeps (§4.1): batch 128, momentum SGD 0.9, lr 0.1 divided by 10 at epochs 81
+and 122 of 164, weight decay 1e-4; ResNet-110 warms up at lr 0.01 for about
+400 iterations (``per_model.resnet110.train.warmup_iterations``).
+"""
+import collections
+import dataclasses
+import os
+import random
+import sys
+from typing import List, Literal, Optional
+
+import numpy
+from chainer import training
+from chainer.training import extensions as E
+
+from ada_loss.experiment import config as C
+from ada_loss.experiment import runinfo as R
+from ada_loss.experiment import tables
+from ada_loss.experiment import trainer as TR
+from ada_loss.experiment.config import setting, section
+from ada_loss.experiment.data import DATASETS, dataset_info, load_datasets
+from ada_loss.experiment.models import MODEL_HELP, build
+from ada_loss.experiment.plots import plot_loss_scales
+from ada_loss.experiment.runner import Study
+from ada_loss.loss_scale.dynamic import describe_styles
+from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
+from ada_loss.training import Classifier, dtype_config
+from ada_loss.training import extensions as AE
+from ada_loss.training.precision import PRECISION_HELP
+from ada_loss.training.triggers import StopAt
+
+#: column order of the paper's Table 1
+MODE_ORDER = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive', 'amax')
+
+
+def mode_sort_key(mode):
+    spec = parse_mode(mode)
+    return (MODE_ORDER.index(spec.name), spec.options.get('scale', 0.0),
+            str(spec))
+
+
+def mode_slug(mode):
+    """A mode as a folder-name part (``fixed:128`` -> ``fixed_128``)."""
+    return str(parse_mode(mode)).replace(':', '_').replace(',', '_')
+
+
+# -- the config ----------------------------------------------------------------------
+@dataclasses.dataclass
+class Grid:
+    models: List[C.ModelName] = setting(['resnet20'],
+                                        'models ({})'.format(MODEL_HELP))
+    datasets: List[C.Dataset] = setting(['cifar10'], 'datasets: ' +
+                                        ', '.join(sorted(DATASETS)))
+    modes: List[C.Mode] = setting(
+        ['fp32', 'none', 'dynamic', 'adaptive'], 'loss-scaling modes (fp32, '
+        'none, fixed:S, dynamic[:style=pytorch|chainer|tf,k=v], '
+        'adaptive[:k=v], amax[:k=v])', nonempty=False)
+    fixed_scales: List[C.FixedScale] = setting(
+        [], 'fixed loss scales S, run as modes fixed:S', nonempty=False)
+    seeds: List[int] = setting([0], 'random seeds (one run each)', minimum=0)
+    precisions: List[C.Precision] = setting(
+        [], 'precisions to sweep, each into <out>/<table>/<precision>/ (the '
+        'precision table); empty: train.precision only', nonempty=False)
+
+
+@dataclasses.dataclass
+class Model:
+    width: Optional[int] = setting(None, 'filters of the first stage (null: '
+                                   "the model's default, 16 for CIFAR "
+                                   'ResNets)', minimum=1)
+    in_channels: Optional[int] = setting(None, 'input channels (null: from '
+                                         'the dataset)', minimum=1)
+    shortcut: Optional[Literal['A', 'B']] = setting(
+        None, 'CIFAR ResNet shortcut option (null: A)')
+
+
+@dataclasses.dataclass
+class Data:
+    cifar_root: Optional[str] = setting(None, 'CIFAR files (null: '
+                                        '$ADA_LOSS_CIFAR_ROOT)')
+    fashion_mnist_root: str = setting('/usr/share/datasets/fashion-mnist',
+                                      'folder of the Fashion-MNIST IDX files')
+    digits_size: int = setting(16, 'side of the upsampled sklearn digits',
+                               minimum=8)
+    augment: bool = setting(True, 'CIFAR: pad 4, random crop, random flip '
+                                  '(He et al. 2016, §4.2)')
+    train_size: Optional[int] = setting(None, 'use a random subset of this '
+                                        'many training examples', minimum=1)
+    test_size: Optional[int] = setting(None, 'use a random subset of this '
+                                       'many test examples', minimum=1)
+    split_seed: int = setting(0, 'seed of the digits split and of subsets',
+                              minimum=0)
+
+
+@dataclasses.dataclass
+class Train:
+    renamed = {'dtype': 'precision'}
+
+    precision: Optional[C.Precision] = setting(
+        None, 'which format stores what: float32, mixed16, bf16, fp8 (E4M3 '
+        'forward, E5M2 gradients), fp8_e4m3, fp8_e5m2, or fwd=<format>,'
+        'bwd=<format> (null: float32 for fp32, mixed16 for every other mode)')
+    batchsize: int = setting(128, 'minibatch size (global, all ranks)',
+                             minimum=1)
+    lr: float = setting(0.1, 'initial learning rate', positive=True)
+    momentum: float = setting(0.9, 'MomentumSGD momentum', minimum=0.0)
+    weight_decay: float = setting(1e-4, 'L2 weight decay (a per-parameter '
+                                  'hook: sees unscaled FP32 gradients)',
+                                  minimum=0.0)
+    epochs: float = setting(164, 'training length in epochs', positive=True)
+    lr_steps: List[float] = setting([81, 122], 'epochs at which lr is '
+                                    'multiplied by lr_decay', positive=True,
+                                    nonempty=False)
+    lr_decay: float = setting(0.1, 'lr multiplier at each step',
+                              positive=True)
+    warmup_iterations: int = setting(0, 'iterations at warmup_lr first '
+                                     '(ResNet-110: ~400)', minimum=0)
+    warmup_lr: float = setting(0.01, 'learning rate during warm-up',
+                               positive=True)
+    max_iterations: Optional[int] = setting(
+        None, 'stop after this many iterations (overrides epochs; mini runs, '
+        'tests)', minimum=1)
+    eval_batchsize: int = setting(256, 'minibatch size of the evaluation',
+                                  minimum=1)
+
+
+@dataclasses.dataclass
+class Log:
+    log_interval: C.Interval = setting([1, 'epoch'], 'LogReport / '
+                                       'PrintReport / PlotReport interval')
+    eval_interval: C.Interval = setting([1, 'epoch'], 'test-set evaluation '
+                                        'interval')
+    snapshot_interval: C.Interval = setting([1, 'epoch'], 'trainer snapshot '
+                                            'interval (also at the end)')
+    loss_scale_interval: int = setting(100, 'layer-wise modes: record '
+                                       'per-layer loss scales every K '
+                                       'iterations', minimum=1)
+    progress: Literal['report', 'bar', 'both', 'none'] = setting(
+        'report', 'console output of a run')
+    plot: bool = setting(True, 'PlotReport PNGs (loss, accuracy) and the '
+                               'loss-scale plot')
+
+
+#: Sections that ``per_model.<model>`` may override for one model.
+PER_MODEL_SECTIONS = {'model': Model, 'data': Data, 'train': Train,
+                      'log': Log}
+
+
+class PerModel(object):
+    """``per_model``: model -> {section: {key: value}}, each value checked
+    against its section's type."""
+    expected = 'a mapping model -> {section: {key: value}}'
+
+    @staticmethod
+    def parse(value, key):
+        if not isinstance(value, dict):
+            C.fail(key, PerModel.expected, value)
+        out = {}
+        for model, partial in value.items():
+            mkey = '{}.{}'.format(key, model)
+            name = C.ModelName.parse(str(model), mkey)
+            if not isinstance(partial, dict):
+                raise C.ConfigError(mkey, 'expected a mapping of sections '
+                                    '({})'.format(', '.join(
+                                        PER_MODEL_SECTIONS)))
+            out[name] = {}
+            for sec, values in partial.items():
+                skey = '{}.{}'.format(mkey, sec)
+                if sec not in PER_MODEL_SECTIONS:
+                    raise C.ConfigError(skey, 'unknown section; allowed: '
+                                        '{}'.format(', '.join(
+                                            PER_MODEL_SECTIONS)))
+                out[name][sec] = C.from_dict(PER_MODEL_SECTIONS[sec],
+                                             values or {}, skey + '.',
+                                             partial=True)
+        return out
+
+
+@dataclasses.dataclass
+class Config:
+    """The config of Tables 1 and 4, the mini reproduction and the
+    precision table."""
+    table: str = setting('table1', 'results subfolder: <out>/<table>/<run>/')
+    layout: Literal['table1', 'table4', 'precision'] = setting(
+        'table1', 'the table built from the runs')
+    description: str = setting('', 'free text, copied to every run')
+    distributed: bool = setting(False, 'ChainerMN data parallelism '
+                                       '(mpiexec); same as --mpi')
+    blas_threads: int = setting(1, 'BLAS/OpenMP threads of each run '
+                                   '(results depend on it; fixed so that '
+                                   'they do not depend on --jobs; recorded '
+                                   'in run.json)', minimum=1)
+    grid: Grid = section(Grid)
+    model: Model = section(Model)
+    data: Data = section(Data)
+    train: Train = section(Train)
+    log: Log = section(Log)
+    per_model: PerModel = setting({}, 'per-model overrides of the sections '
+                                  + ', '.join(PER_MODEL_SECTIONS))
+
+    def modes(self):
+        """The grid's modes: ``grid.modes`` then ``fixed:S`` per scale."""
+        modes = list(self.grid.modes)
+        for scale in self.grid.fixed_scales:
+            mode = str(parse_mode('fixed:{!r}'.format(scale)))
+            if mode not in modes:
+                modes.append(mode)
+        return modes
+
+    def precisions(self):
+        """The precisions the grid runs in (None: per mode's default)."""
+        return list(self.grid.precisions) or [self.train.precision]
+
+    def for_model(self, model):
+        """This config with ``per_model[model]`` merged into its
+        sections."""
+        out = self
+        for sec, values in self.per_model.get(model, {}).items():
+            out = C.replace(out, **{sec: C.replace(getattr(out, sec),
+                                                   **values)})
+        return out
+
+    def check(self):
+        """Every mode of the grid builds, in every precision it runs in."""
+        if not self.modes():
+            raise C.ConfigError('grid.modes', 'no mode to run: give '
+                                'grid.modes and/or grid.fixed_scales')
+        precisions = set(self.precisions())
+        for partial in self.per_model.values():
+            if 'precision' in partial.get('train', {}):
+                precisions.add(partial['train']['precision'])
+        for i, mode in enumerate(self.modes()):
+            key = 'grid.modes' if i < len(self.grid.modes) \
+                else 'grid.fixed_scales'
+            try:
+                for precision in precisions:
+                    make_loss_scaling(mode, resolve_precision(mode,
+                                                              precision))
+            except ValueError as e:
+                raise C.ConfigError(key, 'mode {}: {}'.format(mode, e))
+
+
+HELP_NOTES = ['', 'dynamic loss scaling styles (grid.modes '
+              'dynamic:style=..):', describe_styles(), '',
+              'precisions (train.precision, grid.precisions): ' +
+              PRECISION_HELP]
+
+
+# -- the study -----------------------------------------------------------------------
+Cell = collections.namedtuple('Cell', ('model', 'dataset', 'mode', 'seed',
+                                       'precision'))
+Cell.__new__.__defaults__ = (None,)
+
+PRINT_KEYS = ['epoch', 'iteration', 'main/loss', 'validation/main/loss',
+              'main/accuracy', 'validation/main/accuracy', 'lr',
+              'loss_scale', 'skipped_steps', 'elapsed_time']
+
+
+class _Console(object):
+    """stdout for PrintReport without its ANSI erase code when not a tty."""
+
+    def write(self, text):
+        if not sys.stdout.isatty():
+            text = text.replace('\033[J', '')
+        sys.stdout.write(text)
+
+    def flush(self):
+        sys.stdout.flush()
+
+
+def run_name(cell):
+    return '{}-{}-{}-s{}'.format(cell.model, cell.dataset,
+                                 mode_slug(cell.mode), cell.seed)
+
+
+class ClassificationStudy(Study):
+    """Tables 1 and 4, the mini reproduction, the precision table."""
+    Config = Config
+    Cell = Cell
+    help_notes = HELP_NOTES
+
+    def cells(self, cfg):
+        """Seed-major (a partial grid already holds complete rows), then
+        precision, model, dataset, mode in the paper's column order."""
+        g = cfg.grid
+        modes = sorted(cfg.modes(), key=mode_sort_key)
+        sweep = list(g.precisions) or [None]
+        return [Cell(m, d, mode, s, p) for s in g.seeds for p in sweep
+                for m in g.models for d in g.datasets for mode in modes]
+
+    def run_name(self, cfg, cell):
+        return run_name(cell)
+
+    def folder(self, out, cfg, cell):
+        parts = [out, cfg.table] + ([cell.precision] if cell.precision
+                                    else []) + [run_name(cell)]
+        return os.path.join(*parts)
+
+    def run_config(self, cfg, cell):
+        """The resolved config of one run (what ``config.yaml`` holds)."""
+        c = cfg.for_model(cell.model)
+        precision = resolve_precision(cell.mode, cell.precision or
+                                      c.train.precision)
+        out = {'run': {'model': cell.model, 'dataset': cell.dataset,
+                       'mode': cell.mode, 'seed': cell.seed,
+                       'precision': precision}}
+        d = C.to_dict(c)
+        if cell.precision:    # the sweep's run: as its own config says
+            d['train']['precision'] = cell.precision
+            d['table'] = '{}/{}'.format(cfg.table, cell.precision)
+            d['layout'] = 'precision'
+        out.update((k, v) for k, v in d.items()
+                   if k not in ('grid', 'per_model'))
+        return out
+
+    def stop_point(self, run_config):
+        t = (run_config or {}).get('train') or {}
+        return t.get('max_iterations'), t.get('epochs')
+
+    def preload(self, cfg, cells):
+        """Every dataset the cells need: {(dataset, data section): (train,
+        test)}."""
+        cache = {}
+        for cell in cells:
+            data = cfg.for_model(cell.model).data
+            key = (cell.dataset, repr(data))
+            if key not in cache:
+                cache[key] = load_datasets(cell.dataset, data)
+        return cache
+
+    def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
+        """Trains one cell; returns its ``run.json`` dict."""
+        c = cfg.for_model(cell.model)
+        rcfg = self.run_config(cfg, cell)
+        precision = rcfg['run']['precision']
+        train_cfg, mcfg = c.train, c.model
+        spec = parse_mode(cell.mode)
+        folder = self.folder(out, cfg, cell)
+        writer = TR.is_writer(comm)
+        info, resuming = TR.open_run(folder, [
+            ('name', run_name(cell)), ('table', rcfg['table']),
+            ('model', cell.model), ('dataset', cell.dataset),
+            ('mode', str(spec)), ('mode_name', spec.name),
+            ('mode_options', spec.options), ('seed', cell.seed),
+            ('precision', precision)], cfg.description, C.dump(rcfg),
+            resume, comm)
+        if comm is not None:
+            comm.mpi_comm.Barrier()
+
+        random.seed(cell.seed)
+        numpy.random.seed(cell.seed)
+        key = (cell.dataset, repr(c.data))
+        train, test = (cache or {}).get(key) or load_datasets(cell.dataset,
+                                                              c.data)
+        num_classes, in_channels = dataset_info(cell.dataset)
+        with dtype_config(precision):
+            model = Classifier(build(
+                cell.model, num_classes, mcfg.in_channels or in_channels,
+                mcfg.width, mcfg.shortcut), precision)
+        optimizer = TR.build_optimizer(model, precision, train_cfg.lr,
+                                       train_cfg.momentum,
+                                       train_cfg.weight_decay, comm)
+        train, test, batchsize = TR.scatter(train, test, train_cfg.batchsize,
+                                            comm, cell.seed,
+                                            'train.batchsize')
+        train_iter = TR.make_iterator(train, batchsize)
+        test_iter = TR.make_iterator(test, train_cfg.eval_batchsize,
+                                     repeat=False, shuffle=False)
+
+        scaling = make_loss_scaling(cell.mode, precision)
+        updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm,
+                                  os.path.join(folder, 'scaling.txt'))
+        stop = StopAt(epochs=train_cfg.epochs,
+                      iterations=train_cfg.max_iterations)
+        trainer = training.Trainer(updater, stop, out=folder)
+        TR.extend_trainer(
+            trainer, stop, c.log, TR.evaluator(test_iter, model, comm),
+            AE.StepLearningRate(
+                train_cfg.lr, train_cfg.lr_steps, train_cfg.lr_decay,
+                train_cfg.warmup_iterations, train_cfg.warmup_lr,
+                optimizer=optimizer),
+            optimizer, scaling, resuming, comm,
+            history=['validation/main/accuracy', 'validation/main/loss'],
+            reporters=_reporters(c.log))
+
+        TR.run_trainer(trainer, updater, info, folder, lambda info, error:
+                       _summarize(info, trainer, updater, scaling, error),
+                       comm, threads=cfg.blas_threads)
+        if not writer:
+            return info
+        if info['status'] == R.FINISHED and 'alpha_min' in info and \
+                c.log.plot:
+            plot_loss_scales(os.path.join(folder, 'loss_scales.csv'),
+                             os.path.join(folder, 'loss_scales.png'),
+                             title=info['name'])
+        return info
+
+    def write_tables(self, cfg, out, quiet=False):
+        return tables.write_tables(os.path.join(out, cfg.table), cfg.layout,
+                                   quiet=quiet)
+
+
+def _summarize(info, trainer, updater, scaling, diverged_error):
+    tests = trainer.get_extension('TestHistory')
+    acc_key, loss_key = 'validation/main/accuracy', 'validation/main/loss'
+    train_loss = TR.last(trainer.get_extension('LogReport').log, 'main/loss')
+    test_loss = tests.last(loss_key)
+    error = diverged_error
+    if error is None and not (TR.finite(train_loss) and
+                              TR.finite(test_loss)):
+        error = 'non-finite loss at the end (train {}, test {})'.format(
+            train_loss, test_loss)
+    TR.summarize(info, trainer, updater, scaling, error, lambda diverged: [
+        ('final_test_accuracy', None if diverged else tests.last(acc_key)),
+        ('best_test_accuracy', None if diverged else tests.best(acc_key)),
+        ('last_test_accuracy', tests.last(acc_key)),
+        ('final_test_loss', test_loss), ('final_train_loss', train_loss)])
+    if hasattr(scaling, 'loss_scales') and scaling.loss_scales():
+        alphas = list(scaling.loss_scales().values())
+        info['alpha_min'], info['alpha_max'] = min(alphas), max(alphas)
+    return info
+
+
+def _reporters(log_cfg):
+    """PrintReport / ProgressBar / PlotReport (``loss.png``,
+    ``accuracy.png``) as configured in ``log``."""
+    def reporters(every):
+        out = TR.print_report(PRINT_KEYS, every, log_cfg.progress in (
+            'report', 'both'), out=_Console())
+        if log_cfg.progress in ('bar', 'both'):
+            out.append((E.ProgressBar(update_interval=10), None, None))
+        if log_cfg.plot and E.PlotReport.available():
+            x_key = log_cfg.log_interval[1]
+            for keys, name in ((['main/loss', 'validation/main/loss'],
+                                'Loss'),
+                               (['main/accuracy', 'validation/main/accuracy'],
+                                'Accuracy')):
+                out.append((AE.PlotReport(
+                    keys, x_key, trigger=every('log_interval'),
+                    filename=name.lower() + '.png'), None, 'Plot' + name))
+        return out
+    return reporters
+
+
+#: the one instance the entries run
+STUDY = ClassificationStudy()

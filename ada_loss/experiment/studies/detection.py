@@ -1,0 +1,344 @@
+"""Tables 3 and 5 of the paper (§4.3, Appendix B): SSD512 on PASCAL VOC per
+loss-scaling mode.
+
+Table 3 (§4.3): VOC07 test mAP (%) of SSD512 trained on VOC07+12 with batch
+8 and 32, columns FP32 | None | Fixed (best) | Dynamic | Adaptive; Table 5
+(Appendix B, ``configs/table5_ssd.yaml``): mAP per fixed loss scale at batch
+8.
+
+One run (:meth:`DetectionStudy.run`) is ChainerCV's SSD example (Liu et al.
+2016): VOC07+12 trainval, the SSD augmentation, MomentumSGD (0.9) at lr 1e-3
+x0.1 at 80k and 100k of 120k iterations, weight decay 5e-4 (biases: 2x lr,
+no decay), evaluation on VOC2007 test (11-point mAP, difficult objects
+ignored). Only the loss-scaling mode (and the batch size: 8 or 32) changes
+between runs. A run lives in ``<out>/<table>/<model>-b<batch>-<mode>-s<seed>/``
+with the harness's files (``run.json``: ``status``, ``final_map``,
+``best_map`` ...). A run whose gradients overflow in a mode that cannot skip
+steps, or whose final loss or mAP is not finite, is ``diverged``.
+"""
+import collections
+import dataclasses
+import os
+import random
+from typing import List, Literal, Optional
+
+import chainer
+import numpy
+from chainer import training
+
+from ada_loss.datasets.voc import VOC_LABEL_NAMES
+from ada_loss.datasets.voc import get_voc_detection_test
+from ada_loss.datasets.voc import get_voc_detection_train
+from ada_loss.datasets.voc import resolve_voc_root
+from ada_loss.detection.evaluation import make_voc_evaluator
+from ada_loss.detection.model import SSD_MODELS, build_ssd
+from ada_loss.detection.ssd_train_chain import MultiboxTrainChain
+from ada_loss.detection.ssd_train_chain import setup_ssd_optimizer
+from ada_loss.detection.transforms import SSDTrainTransform
+from ada_loss.experiment import config as C
+from ada_loss.experiment import runinfo as R
+from ada_loss.experiment import tables as T
+from ada_loss.experiment import trainer as TR
+from ada_loss.experiment.config import section, setting
+from ada_loss.experiment.runner import Study
+from ada_loss.experiment.studies.classification import (
+    mode_slug, mode_sort_key)
+from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
+from ada_loss.training import extensions as AE
+from ada_loss.training.triggers import StopAt
+
+
+# -- the config ----------------------------------------------------------------------
+@dataclasses.dataclass
+class Grid:
+    model: Literal[SSD_MODELS] = setting('ssd512', 'SSD model')
+    batch_sizes: List[int] = setting([8, 32], 'batch sizes (global)',
+                                     minimum=1)
+    modes: List[C.Mode] = setting(['fp32', 'none', 'dynamic', 'adaptive'],
+                                  'loss-scaling modes', nonempty=False)
+    fixed_scales: List[C.FixedScale] = setting(
+        [], 'fixed loss scales S (modes fixed:S)', nonempty=False)
+    seeds: List[int] = setting([0], 'seeds', minimum=0)
+
+
+@dataclasses.dataclass
+class Model:
+    pretrained_model: Optional[str] = setting(
+        None, "local .npz of initial weights (ChainerCV's VGG-16 ImageNet "
+        'weights for SSD); null: random init')
+
+
+@dataclasses.dataclass
+class Data:
+    voc_root: Optional[str] = setting(None, 'VOCdevkit folder or its parent '
+                                      '(null: $ADA_LOSS_VOC_ROOT)')
+    photometric: bool = setting(True, 'ChainerCV photometric distortion')
+    train_size: Optional[int] = setting(None, 'random training subset (mini '
+                                        'runs)', minimum=1)
+    test_size: Optional[int] = setting(None, 'random test subset (mini '
+                                       'runs)', minimum=1)
+    loaderjobs: int = setting(0, 'data loading processes (0: serial)',
+                              minimum=0)
+
+
+@dataclasses.dataclass
+class Train:
+    iterations: int = setting(120000, 'training length', minimum=1)
+    lr: float = setting(1e-3, 'initial learning rate', positive=True)
+    lr_steps: List[int] = setting([80000, 100000], 'iterations where lr *= '
+                                  'lr_decay', minimum=1, nonempty=False)
+    lr_decay: float = setting(0.1, 'lr multiplier', positive=True)
+    momentum: float = setting(0.9, 'MomentumSGD momentum', minimum=0.0)
+    weight_decay: float = setting(5e-4, 'weight decay (not on biases)',
+                                  minimum=0.0)
+    loc_weight: float = setting(1.0, 'alpha of the multibox loss',
+                                minimum=0.0)
+    neg_pos_ratio: float = setting(3.0, 'hard negatives per positive (k)',
+                                   positive=True)
+    eval_batchsize: int = setting(8, 'evaluation batch size', minimum=1)
+
+
+@dataclasses.dataclass
+class Log:
+    log_interval: C.Interval = setting([100, 'iteration'], 'LogReport '
+                                       'interval')
+    eval_interval: C.Interval = setting([10000, 'iteration'], 'VOC07 test '
+                                        'mAP interval (and at the end)')
+    snapshot_interval: C.Interval = setting([1000, 'iteration'],
+                                            'snapshot interval')
+    loss_scale_interval: int = setting(100, 'layer-wise modes: '
+                                       'loss_scales.csv every K iterations',
+                                       minimum=1)
+    progress: bool = setting(True, 'PrintReport to the console')
+
+
+@dataclasses.dataclass
+class Config:
+    """The config of Tables 3 and 5."""
+    table: str = setting('table3_ssd', 'results subfolder: <out>/<table>/')
+    layout: Literal['table3', 'table5'] = setting(
+        'table3', 'table3 (modes x batch) or table5 (fixed scales)')
+    description: str = setting('', 'free text, copied to every run')
+    distributed: bool = setting(False, 'ChainerMN data parallelism (--mpi)')
+    blas_threads: int = setting(1, 'BLAS/OpenMP threads of each run '
+                                '(recorded in run.json)', minimum=1)
+    grid: Grid = section(Grid)
+    model: Model = section(Model)
+    data: Data = section(Data)
+    train: Train = section(Train)
+    log: Log = section(Log)
+
+    def modes(self):
+        modes = list(self.grid.modes)
+        for scale in self.grid.fixed_scales:
+            mode = str(parse_mode('fixed:{!r}'.format(scale)))
+            if mode not in modes:
+                modes.append(mode)
+        return sorted(modes, key=mode_sort_key)
+
+
+#: One run: model name, batch size, loss-scaling mode, seed.
+SSDCell = collections.namedtuple('SSDCell',
+                                 ('model', 'batchsize', 'mode', 'seed'))
+
+PRINT_KEYS = ['iteration', 'main/loss', 'main/loss/loc', 'main/loss/conf',
+              'validation/main/map', 'lr', 'loss_scale', 'skipped_steps',
+              'elapsed_time']
+
+
+def ssd_run_name(cell):
+    return '{}-b{}-{}-s{}'.format(cell.model, cell.batchsize,
+                                  mode_slug(cell.mode), cell.seed)
+
+
+class IterationStepLR(AE.StepLearningRate):
+    """``lr * decay ** k``, k = number of ``steps`` (iterations) reached;
+    stateless, so resuming continues with the right value."""
+
+    def value(self, iteration, epoch_detail):
+        return self.lr * self.decay ** sum(1 for s in self.steps
+                                           if iteration >= s)
+
+
+class DetectionStudy(Study):
+    """Tables 3 and 5: SSD on VOC per loss-scaling mode and batch size."""
+    Config = Config
+    Cell = SSDCell
+    only_aliases = {'batch': 'batchsize'}
+
+    def cells(self, cfg):
+        g = cfg.grid
+        return [SSDCell(g.model, b, m, s) for s in g.seeds
+                for b in g.batch_sizes for m in cfg.modes()]
+
+    def run_name(self, cfg, cell):
+        return ssd_run_name(cell)
+
+    def run_config(self, cfg, cell):
+        out = {'run': dict(cell._asdict(),
+                           precision=resolve_precision(cell.mode))}
+        out.update((k, v) for k, v in C.to_dict(cfg).items() if k != 'grid')
+        return out
+
+    def stop_point(self, run_config):
+        return ((run_config or {}).get('train') or {}).get('iterations')
+
+    def preload(self, cfg, cells):
+        """The VOC root (missing files fail here, before any training)."""
+        return resolve_voc_root(cfg.data.voc_root) if cells else None
+
+    def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
+        """Trains one SSD cell; writes and returns its ``run.json``."""
+        data_cfg, train_cfg, log_cfg = cfg.data, cfg.train, cfg.log
+        spec = parse_mode(cell.mode)
+        dtype = resolve_precision(cell.mode)
+        name = ssd_run_name(cell)
+        folder = self.folder(out, cfg, cell)
+        info, resuming = TR.open_run(folder, [
+            ('name', name), ('table', cfg.table), ('model', cell.model),
+            ('dataset', 'voc0712'), ('batchsize', cell.batchsize),
+            ('mode', str(spec)), ('mode_name', spec.name),
+            ('mode_options', spec.options), ('seed', cell.seed),
+            ('precision', dtype)], cfg.description,
+            C.dump(self.run_config(cfg, cell)), resume, comm)
+
+        random.seed(cell.seed)
+        numpy.random.seed(cell.seed)
+        root = cache or resolve_voc_root(data_cfg.voc_root)
+        model = build_ssd(cell.model, len(VOC_LABEL_NAMES), dtype,
+                          cfg.model.pretrained_model, initialize=True)
+        chain = MultiboxTrainChain(model, alpha=train_cfg.loc_weight,
+                                   k=train_cfg.neg_pos_ratio)
+        transform = SSDTrainTransform(model.coder, model.insize, model.mean,
+                                      photometric=data_cfg.photometric)
+        train = chainer.datasets.TransformDataset(
+            TR.subset(get_voc_detection_train(root), data_cfg.train_size,
+                      cell.seed), transform)
+        test = TR.subset(get_voc_detection_test(root), data_cfg.test_size,
+                         cell.seed + 1)
+        optimizer = setup_ssd_optimizer(
+            chain, train_cfg.lr, train_cfg.momentum, train_cfg.weight_decay,
+            dtype, comm)
+
+        train, _, batchsize = TR.scatter(train, None, cell.batchsize, comm,
+                                         cell.seed, 'batch size')
+        seed = TR.iterator_seed(cell.seed, comm)
+        train_iter = TR.make_iterator(train, batchsize, data_cfg.loaderjobs,
+                                      seed=seed)
+        test_iter = TR.make_iterator(test, train_cfg.eval_batchsize, 0,
+                                     repeat=False, shuffle=False, seed=seed)
+
+        scaling = make_loss_scaling(cell.mode, dtype)
+        updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm,
+                                  os.path.join(folder, 'scaling.txt'))
+        stop = StopAt(iterations=train_cfg.iterations)
+        trainer = training.Trainer(updater, stop, out=folder)
+
+        evaluator = make_voc_evaluator(test, model, train_cfg.eval_batchsize)
+        evaluator._iterators['main'] = test_iter
+        if comm is not None:
+            evaluator.comm = comm
+        TR.extend_trainer(
+            trainer, stop, log_cfg, evaluator,
+            IterationStepLR(train_cfg.lr, train_cfg.lr_steps,
+                            train_cfg.lr_decay, optimizer=optimizer),
+            optimizer, scaling, resuming, comm,
+            reporters=lambda every: TR.print_report(PRINT_KEYS, every,
+                                                    log_cfg.progress))
+
+        def finalize(info, error):
+            log = trainer.get_extension('LogReport').log
+            maps = [e['validation/main/map'] for e in log
+                    if TR.finite(e.get('validation/main/map'))]
+            train_loss = TR.last(log, 'main/loss')
+            final_map = TR.last(log, 'validation/main/map')
+            if error is None and not (TR.finite(train_loss) and
+                                      TR.finite(final_map)):
+                error = 'non-finite loss or mAP at the end (train loss {}, ' \
+                    'mAP {})'.format(train_loss, final_map)
+            TR.summarize(info, trainer, updater, scaling, error,
+                         lambda diverged: [
+                             ('final_map', None if diverged else final_map),
+                             ('best_map', None if diverged or not maps
+                              else max(maps)),
+                             ('last_map', final_map),
+                             ('final_train_loss', train_loss)], epoch=False)
+
+        return TR.run_trainer(trainer, updater, info, folder, finalize, comm,
+                              threads=cfg.blas_threads)
+
+    def summary(self, info):
+        text = '{:<40s} {:<9s}'.format(info['name'], info['status'])
+        if info.get('final_map') is not None:
+            text += ' mAP {:6.2f}%'.format(100 * info['final_map'])
+        return text
+
+    def write_tables(self, cfg, out, quiet=False):
+        results = os.path.join(out, cfg.table)
+        return T.write_table(build_table(R.find_runs(results), cfg.layout),
+                             results, cfg.layout, quiet)
+
+
+# -- tables ------------------------------------------------------------------
+class MapStats(T.CellStats):
+    """A cell's runs with their final VOC07 mAP (%) as the metric."""
+
+    def __init__(self, runs, scale=None):
+        super(MapStats, self).__init__(runs, scale)
+        self.accs = [100.0 * r['final_map'] for r in runs
+                     if r.get('status') == R.FINISHED
+                     and r.get('final_map') is not None]
+
+
+def _cells_by_mode(runs):
+    out = collections.defaultdict(list)
+    for r in runs:
+        out[r['mode_name'], r['mode_options'].get('scale')].append(r)
+    return out
+
+
+def build_table(runs, layout):
+    """Table 3 (rows: batch sizes) or Table 5 (mAP per fixed scale)."""
+    batches = sorted({r['batchsize'] for r in runs})
+    rows, cells_out = [], []
+    if layout == 'table5':
+        scales = sorted({r['mode_options']['scale'] for r in runs
+                         if r['mode_name'] == 'fixed'})
+        columns = ['{:g}'.format(s) for s in scales]
+        lead = ['Batch']
+    else:
+        columns = ['FP32', 'None', 'Fixed (best)', 'Dynamic', 'Adaptive']
+        lead = ['Batch']
+    for b in batches:
+        by_mode = _cells_by_mode([r for r in runs if r['batchsize'] == b])
+        if layout == 'table5':
+            row = {c: MapStats(by_mode.get(('fixed', s), []))
+                   for c, s in zip(columns, scales)}
+        else:
+            fixed = [MapStats(v, scale=s) for (n, s), v in by_mode.items()
+                     if n == 'fixed']
+            ok = [f for f in fixed if f.mean is not None]
+            best = (max(ok, key=lambda f: f.mean) if ok else
+                    fixed[0] if fixed else MapStats([]))
+            row = {'FP32': MapStats(by_mode.get(('fp32', None), [])),
+                   'None': MapStats(by_mode.get(('none', None), [])),
+                   'Fixed (best)': best,
+                   'Dynamic': MapStats(by_mode.get(('dynamic', None), [])),
+                   'Adaptive': MapStats(by_mode.get(('adaptive', None), []))}
+        means = [round(s.mean, 2) for s in row.values() if s.mean is not None]
+        top = max(means) if means and layout == 'table3' else None
+        rows.append([str(b)] + [row[c].text(bold=top is not None and (
+            row[c].mean is not None and round(row[c].mean, 2) == top))
+            for c in columns])
+        cells_out += [('voc07', 'b{}'.format(b), c, row[c]) for c in columns]
+    title = ('Table 3: SSD VOC07 test mAP (%)' if layout == 'table3' else
+             'Table 5: SSD VOC07 test mAP (%) per fixed loss scale')
+    counts = collections.Counter(r.get('status') for r in runs)
+    footer = '{} runs ({}); "diverged" = all runs of the cell diverged.' \
+        .format(len(runs), ', '.join('{} {}'.format(v, k) for k, v in
+                                     sorted(counts.items())) or 'none')
+    return T.Table(title, lead + columns, rows, cells_out, footer)
+
+
+#: the one instance the entries run
+STUDY = DetectionStudy()

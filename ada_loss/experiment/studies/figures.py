@@ -1,0 +1,296 @@
+"""Short recorded trainings that produce the paper's Figures 1 and 4 and the
+σ_max ratio of §4.2, on the one run path (``experiments/figures.py``).
+
+A cell is one run of the profile's ``modes`` (run name -> mode), all with
+the same seed, data order and initialization:
+
+* ``fig1`` (``fp32``): per-layer underflow rate and expected loss scale of
+  FP32 activation gradients (Fig. 1);
+* ``fixed`` (``fixed:128``) and ``adaptive``, both mixed16: the per-layer
+  adaptive loss scales (Fig. 4a), the FP16 underflow difference (Fig. 4b)
+  and the σ_max ratio (§4.2).
+
+Every run is a plain loop of :class:`ada_loss.training.MixedPrecisionUpdater`
+steps with a :class:`~ada_loss.analysis.recorder.RecordingLossScaling`; it
+writes ``records.csv`` and ``run.json`` into ``<out>/<table>/<run>/``. The
+figures (``fig1.png``, ``fig4a.png``, ``fig4b.png``) and ``summary.json`` go
+to ``<out>/<table>/``. The tasks are classification (digits, or ImageNet with
+ResNet-18/50) and detection (VOC with SSD).
+
+A config file holds the settings at its top level and/or named partial
+settings under ``profiles``; ``profile`` (``--set profile=NAME``) picks one,
+merged over the top level; ``--set`` applies last, so it wins::
+
+    profile: digits
+    profiles:
+      digits: {model: plain_cnn, iterations: 30, ...}
+"""
+import collections
+import dataclasses
+import json
+import os
+import random
+from typing import Dict, Literal, Optional
+
+import chainer
+import numpy
+
+from ada_loss import atomic
+from ada_loss.analysis import plots
+from ada_loss.analysis.recorder import (
+    GradientRecorder, RecordingLossScaling, load_csv)
+from ada_loss.datasets import get_digits
+from ada_loss.datasets.imagenet import get_imagenet_datasets
+from ada_loss.datasets.voc import get_voc_detection_train, resolve_voc_root
+from ada_loss.detection import MultiboxTrainChain, SSDTrainTransform
+from ada_loss.detection import build_ssd, setup_ssd_optimizer
+from ada_loss.experiment import config as C
+from ada_loss.experiment import runinfo as R
+from ada_loss.experiment import trainer as TR
+from ada_loss.experiment.config import setting
+from ada_loss.experiment.runner import Study
+from ada_loss.models import build_model
+from ada_loss.scaling import NonFiniteGradientError
+from ada_loss.scaling import make_loss_scaling
+from ada_loss.scaling import resolve_precision
+from ada_loss.training import Classifier
+from ada_loss.training import dtype_config
+from ada_loss.training import setup_optimizer
+from ada_loss.training.hooks import add_weight_decay
+
+
+@dataclasses.dataclass
+class Settings:
+    """The settings of one profile."""
+    table: str = setting('figures', 'results subfolder: <out>/<table>/')
+    task: Literal['classification', 'detection'] = setting(
+        'classification', 'what is trained')
+    dataset: Literal['digits', 'imagenet', 'voc'] = setting(
+        'digits', 'training data')
+    data_root: Optional[str] = setting(
+        None, 'dataset folder (null: $ADA_LOSS_IMAGENET_ROOT / '
+        '$ADA_LOSS_VOC_ROOT)')
+    model: str = setting('plain_cnn', 'an ada_loss.models name, or ssd512 '
+                         '| ssd300 | ssd_tiny')
+    model_kwargs: dict = setting({'in_channels': 1, 'depth': 8, 'width': 16},
+                                 'keyword arguments of the model')
+    num_classes: int = setting(10, 'classes (classification)', minimum=1)
+    image_size: int = setting(16, 'input side (digits, imagenet crops)',
+                              minimum=4)
+    batch_size: int = setting(32, 'minibatch size', minimum=1)
+    iterations: int = setting(20, 'training iterations of each run',
+                              minimum=1)
+    record_every: int = setting(5, 'statistics at iteration 1 and every '
+                                'K-th', minimum=1)
+    lr: float = setting(0.01, 'learning rate', positive=True)
+    momentum: float = setting(0.9, 'MomentumSGD momentum', minimum=0.0)
+    weight_decay: float = setting(1e-4, 'weight decay', minimum=0.0)
+    seed: int = setting(0, 'random seed', minimum=0)
+    photometric: bool = setting(True, 'detection: photometric distortion')
+    modes: Dict[str, C.Mode] = setting(
+        {'fig1': 'fp32', 'fixed': 'fixed:128', 'adaptive': 'adaptive'},
+        "run name -> loss-scaling mode; 'fig1' (FP32) gives Fig. 1, 'fixed' "
+        "+ 'adaptive' Fig. 4a/4b and the sigma_max ratio")
+
+
+@dataclasses.dataclass
+class FileConfig(Settings):
+    """A figures config file: settings, and profiles of partial settings."""
+    profile: Optional[str] = setting(None, 'the profile of `profiles` to run '
+                                     '(null: the top-level settings)')
+    profiles: Dict[str, dict] = setting({}, 'name -> partial settings (keys '
+                                        'as the top level)')
+
+
+def load_config(path=None, overrides=(), profile=None):
+    """The checked :class:`Settings` of ``profile`` (default: the file's
+    ``profile``) with ``overrides`` (``key=value``, value parsed as YAML)
+    applied last. Raises ConfigError."""
+    raw = C.read_yaml(path) if path else {}
+    raw = C.apply_overrides(raw, overrides)
+    full = C.from_dict(FileConfig, raw)      # types of the top level
+    name = profile or full.profile
+    settings = {k: v for k, v in raw.items()
+                if k not in ('profile', 'profiles')}
+    if name is None:
+        return C.from_dict(Settings, settings)
+    if name not in full.profiles:
+        raise C.ConfigError('profile', '{!r} is not in profiles; available: '
+                            '{}'.format(name, ', '.join(full.profiles) or
+                                        '-'))
+    partial = full.profiles[name] or {}
+    if not isinstance(partial, dict):
+        raise C.ConfigError('profiles.' + name, 'expected a mapping')
+    settings.update(partial)
+    settings.setdefault('table', 'figures/{}'.format(name))
+    settings = C.apply_overrides(settings, [
+        o for o in overrides
+        if C.parse_override(o)[0][0] not in ('profile', 'profiles')])
+    return C.from_dict(Settings, settings, 'profiles.{}.'.format(name))
+
+
+def _seed(seed):
+    random.seed(seed)
+    numpy.random.seed(seed)
+
+
+def _classification(cfg, mode, dtype):
+    if cfg.dataset == 'digits':
+        train, _ = get_digits(size=cfg.image_size, seed=cfg.seed)
+    elif cfg.dataset == 'imagenet':
+        train, _ = get_imagenet_datasets(cfg.data_root)
+    else:
+        raise ValueError('classification dataset must be digits or '
+                         'imagenet, got {!r}'.format(cfg.dataset))
+    with dtype_config(dtype):
+        predictor = build_model(cfg.model, cfg.num_classes,
+                                **(cfg.model_kwargs or {}))
+    chain = Classifier(predictor, dtype)
+    optimizer = chainer.optimizers.MomentumSGD(cfg.lr, cfg.momentum)
+    setup_optimizer(optimizer, chain, dtype)
+    add_weight_decay(chain, cfg.weight_decay)
+    return train, chain, optimizer
+
+
+def _detection(cfg, mode, dtype):
+    if cfg.dataset != 'voc':
+        raise ValueError('detection dataset must be voc, got {!r}'.format(
+            cfg.dataset))
+    model = build_ssd(cfg.model, 20, dtype)
+    train = chainer.datasets.TransformDataset(
+        get_voc_detection_train(resolve_voc_root(cfg.data_root)),
+        SSDTrainTransform(model.coder, model.insize, model.mean,
+                          photometric=cfg.photometric))
+    chain = MultiboxTrainChain(model)
+    optimizer = setup_ssd_optimizer(chain, cfg.lr, cfg.momentum,
+                                    cfg.weight_decay, dtype)
+    return train, chain, optimizer
+
+
+def run_recorded(cfg, mode):
+    """Trains ``cfg.iterations`` steps in ``mode`` while recording.
+
+    Returns:
+        (records, info): the recorder's rows and ``{'mode', 'dtype',
+        'iterations_done', 'diverged', 'losses'}``.
+    """
+    _seed(cfg.seed)
+    dtype = resolve_precision(mode)
+    build = _detection if cfg.task == 'detection' else _classification
+    train, chain, optimizer = build(cfg, mode, dtype)
+    iterator = chainer.iterators.SerialIterator(train, cfg.batch_size)
+    inner = make_loss_scaling(mode, dtype)
+    scaling = RecordingLossScaling(inner, GradientRecorder(),
+                                   cfg.record_every)
+    updater = TR.make_updater(iterator, optimizer, scaling, mode)
+    info = {'mode': mode, 'dtype': dtype, 'iterations_done': 0,
+            'diverged': False, 'losses': []}
+    reporter = chainer.Reporter()
+    reporter.add_observer('main', chain)
+    reporter.add_observers('main', chain.namedlinks(skipself=True))
+    for _ in range(cfg.iterations):
+        observation = {}
+        try:
+            with reporter.scope(observation):
+                updater.update()
+        except NonFiniteGradientError as e:
+            info['diverged'] = str(e)
+            break
+        info['iterations_done'] += 1
+        loss = observation.get('main/loss')
+        info['losses'].append(float(getattr(loss, 'array', loss)))
+    return scaling.recorder.records, info
+
+
+FigureRun = collections.namedtuple('FigureRun', ('run', 'mode'))
+
+
+class FiguresStudy(Study):
+    """Figures 1 and 4: one recorded run per mode of the profile."""
+    Config = Settings
+    Cell = FigureRun
+    help_notes = ['', 'a config file may also hold `profile` and `profiles` '
+                  '(name -> partial settings); --set profile=NAME picks one']
+
+    def load_config(self, path, overrides):
+        return load_config(path, overrides)
+
+    def cells(self, cfg):
+        return [FigureRun(run, mode) for run, mode in cfg.modes.items()]
+
+    def run_name(self, cfg, cell):
+        return cell.run
+
+    def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
+        folder = self.folder(out, cfg, cell)
+        info, _ = TR.open_run(folder, [
+            ('name', cell.run), ('table', cfg.table), ('mode', cell.mode)],
+            '', C.dump(self.run_config(cfg, cell)))
+        records, result = run_recorded(cfg, cell.mode)
+        rec = GradientRecorder()
+        rec.records = records
+        rec.save_csv(os.path.join(folder, 'records.csv'))
+        info.update(result)
+        info.update(status=R.DIVERGED if result['diverged'] else R.FINISHED,
+                    iterations=result['iterations_done'], updated=TR.now())
+        R.write_run(folder, info)
+        return info
+
+    def write_tables(self, cfg, out, quiet=False):
+        return make_figures(cfg, os.path.join(out, cfg.table), quiet)
+
+
+def make_figures(cfg, folder, quiet=False):
+    """From the runs' records under ``folder``: ``fig1.png``, ``fig4a.png``,
+    ``fig4b.png`` and ``summary.json`` (σ_max ratio, run infos). Returns the
+    paths."""
+    records, infos = {}, {}
+    for run in cfg.modes:
+        info = R.read_run(os.path.join(folder, run))
+        path = os.path.join(folder, run, 'records.csv')
+        if info and os.path.exists(path):
+            records[run] = load_csv(path)
+            infos[run] = {k: info.get(k) for k in (
+                'mode', 'dtype', 'iterations_done', 'diverged', 'losses')}
+    name = '{} on {}'.format(cfg.model, cfg.dataset)
+    paths = {}
+    if 'fig1' in records:
+        paths['fig1'] = plots.plot_fig1(
+            records['fig1'], os.path.join(folder, 'fig1.png'),
+            'Fig. 1: activation gradients, {} ({})'.format(
+                name, cfg.modes['fig1']))
+    summary = {'config': C.to_dict(cfg), 'runs': infos}
+    if 'adaptive' in records:
+        fixed_mode = cfg.modes.get('fixed', '')
+        fixed_scale = (float(fixed_mode.split(':', 1)[1])
+                       if fixed_mode.startswith('fixed:') else None)
+        paths['fig4a'] = plots.plot_fig4a(
+            records['adaptive'], os.path.join(folder, 'fig4a.png'),
+            fixed_scale, 'Fig. 4a: loss scale of each layer, {}'.format(name))
+        if 'fixed' in records:
+            paths['fig4b'] = plots.plot_fig4b(
+                records['fixed'], records['adaptive'],
+                os.path.join(folder, 'fig4b.png'),
+                'Fig. 4b: Δ underflow ({} - adaptive), {}'.format(
+                    fixed_mode, name))
+            summary['sigma_max'] = plots.sigma_max_ratio(
+                records['fixed'], records['adaptive'])
+            summary['underflow_delta'] = [
+                {'layer_id': i, 'layer': n, 'delta_percent': d}
+                for i, n, d in plots.underflow_delta(records['fixed'],
+                                                     records['adaptive'])]
+    paths['summary'] = os.path.join(folder, 'summary.json')
+    atomic.write_text(paths['summary'], json.dumps(
+        summary, indent=2, default=str, allow_nan=True))
+    if not quiet:
+        for key, path in sorted(paths.items()):
+            print('{}: {}'.format(key, path))
+        if 'sigma_max' in summary:
+            print('sigma_max fixed / adaptive = {ratio:.4g} '
+                  '({sigma_max_fixed:.4g} / {sigma_max_adaptive:.4g})'.format(
+                      **summary['sigma_max']))
+    return paths
+
+
+#: the one instance the entry runs
+STUDY = FiguresStudy()
