@@ -1,4 +1,4 @@
-"""Gradient statistics, the recorder and the figure entry point."""
+"""Gradient statistics and the recorder."""
 import json
 import math
 import os
@@ -120,27 +120,3 @@ def test_recorder_in_mixed16(mode):
         assert {k: r['alpha'] for k, r in rows.items()} == dict(
             inner.loss_scales())
     assert scaling.recorder.summary()['sigma_max'] > 0
-
-
-def test_figures_entry_point_writes_pngs(tmp_path):
-    config = tmp_path / 'figures.yaml'
-    config.write_text(
-        'profile: tiny\nprofiles:\n  tiny:\n    model: plain_cnn\n'
-        '    model_kwargs: {in_channels: 1, depth: 3, width: 4}\n'
-        '    image_size: 8\n    batch_size: 8\n    iterations: 3\n'
-        '    record_every: 2\n')
-    out = tmp_path / 'out'
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'experiments', 'figures.py'),
-         '--config', str(config), '--out', str(out)],
-        capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ('fig1.png', 'fig4a.png', 'fig4b.png'):
-        with open(out / name, 'rb') as f:
-            assert f.read(8) == b'\x89PNG\r\n\x1a\n'
-    summary = json.loads((out / 'summary.json').read_text())
-    assert summary['sigma_max']['ratio'] > 0
-    assert len(summary['underflow_delta']) == 3       # conv1 has none
-    rows = load_csv(str(out / 'records_adaptive.csv'))
-    assert sorted({r['iteration'] for r in rows}) == [1, 2]
-    assert 'sigma_max fixed / adaptive' in proc.stdout

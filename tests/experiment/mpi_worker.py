@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from ada_loss.datasets import get_digits
 from ada_loss.models import build_model
-from ada_loss.experiment.run import build_optimizer
+from ada_loss.experiment.trainer import build_optimizer
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training.distributed import (
@@ -64,7 +64,7 @@ def identical(comm):
         # adaptive β > 1 and the ranks' α can differ
         model = make_model('plain_cnn', 'mixed16', seed=comm.rank, depth=6,
                            width=8)
-        opt = build_optimizer(model, 'mixed16', TRAIN, comm)
+        opt = build_optimizer(model, 'mixed16', comm=comm, **TRAIN)
         data = chainermn.scatter_dataset(train, comm, shuffle=True, seed=0)
         it = chainer.iterators.SerialIterator(data, 16)
         scaling = make_loss_scaling(mode)
@@ -111,7 +111,7 @@ def _train_ranks(comm, train, steps, per_rank, sync):
     model = make_model('plain_cnn', 'float32', seed=0, depth=8, width=8)
     train_cfg = dict(TRAIN)
     if sync:
-        opt = build_optimizer(model, 'float32', train_cfg, comm)
+        opt = build_optimizer(model, 'float32', comm=comm, **train_cfg)
     else:   # ChainerMN as is: averages the scaled gradients
         opt = chainermn.create_multi_node_optimizer(
             chainer.optimizers.MomentumSGD(TRAIN['lr'], TRAIN['momentum']),
@@ -141,7 +141,7 @@ def reference(comm):
     if comm.rank != 0:
         return None
     model = make_model('plain_cnn', 'float32', seed=0, depth=8, width=8)
-    opt = build_optimizer(model, 'float32', TRAIN)
+    opt = build_optimizer(model, 'float32', **TRAIN)
     it = iter(_batches(train, steps, per_rank))
     up = MixedPrecisionUpdater(chainer.iterators.SerialIterator([0], 1),
                                opt, make_loss_scaling('fp32'), mode='fp32')

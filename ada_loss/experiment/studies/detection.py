@@ -184,8 +184,12 @@ class DetectionStudy(Study):
         return ((run_config or {}).get('train') or {}).get('iterations')
 
     def preload(self, cfg, cells):
-        """The VOC root (missing files fail here, before any training)."""
-        return resolve_voc_root(cfg.data.voc_root) if cells else None
+        """VOC07+12 trainval and VOC07 test (missing files fail here, before
+        any training)."""
+        if not cells:
+            return None
+        root = resolve_voc_root(cfg.data.voc_root)
+        return get_voc_detection_train(root), get_voc_detection_test(root)
 
     def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
         """Trains one SSD cell; writes and returns its ``run.json``."""
@@ -204,7 +208,7 @@ class DetectionStudy(Study):
 
         random.seed(cell.seed)
         numpy.random.seed(cell.seed)
-        root = cache or resolve_voc_root(data_cfg.voc_root)
+        voc_train, voc_test = cache or self.preload(cfg, [cell])
         model = build_ssd(cell.model, len(VOC_LABEL_NAMES), dtype,
                           cfg.model.pretrained_model, initialize=True)
         chain = MultiboxTrainChain(model, alpha=train_cfg.loc_weight,
@@ -212,10 +216,8 @@ class DetectionStudy(Study):
         transform = SSDTrainTransform(model.coder, model.insize, model.mean,
                                       photometric=data_cfg.photometric)
         train = chainer.datasets.TransformDataset(
-            TR.subset(get_voc_detection_train(root), data_cfg.train_size,
-                      cell.seed), transform)
-        test = TR.subset(get_voc_detection_test(root), data_cfg.test_size,
-                         cell.seed + 1)
+            TR.subset(voc_train, data_cfg.train_size, cell.seed), transform)
+        test = TR.subset(voc_test, data_cfg.test_size, cell.seed + 1)
         optimizer = setup_ssd_optimizer(
             chain, train_cfg.lr, train_cfg.momentum, train_cfg.weight_decay,
             dtype, comm)

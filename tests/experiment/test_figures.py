@@ -1,0 +1,83 @@
+"""The figures study: its config (profiles, --set, --help-config,
+ConfigError before anything runs) and the entry point end to end."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ada_loss.analysis.recorder import load_csv
+from ada_loss.experiment.studies.figures import load_config
+from ada_loss.experiment.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, 'configs', 'figures.yaml')
+
+
+def test_shipped_profiles_validate():
+    for name in ('digits', 'resnet18_imagenet', 'ssd512_voc'):
+        cfg = load_config(CONFIG, profile=name)
+        assert cfg.table == 'figures/' + name
+        assert set(cfg.modes) == {'fig1', 'fixed', 'adaptive'}
+
+
+def test_set_wins_over_the_profile_and_selects_it():
+    cfg = load_config(CONFIG, ['iterations=5', 'modes={a: "fixed:8"}'])
+    assert cfg.iterations == 5 and cfg.modes == {'a': 'fixed:8'}
+    assert cfg.model == 'plain_cnn'          # the file's profile: digits
+    cfg = load_config(CONFIG, ['profile=ssd512_voc', 'batch_size=2'])
+    assert cfg.model == 'ssd512' and cfg.batch_size == 2
+
+
+@pytest.mark.parametrize('overrides, profile, key', [
+    (['iterations=0'], None, 'iterations'),
+    (['bogus=1'], None, 'bogus'),
+    (['modes={a: "fixed:0"}'], None, 'modes.a'),
+    ([], 'nope', 'profile'),
+    (['task=segmentation'], None, 'task'),
+])
+def test_bad_settings_are_config_errors(overrides, profile, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(CONFIG, overrides, profile)
+    assert info.value.key.endswith(key)
+
+
+def test_entry_point_help_config_and_error_before_running(tmp_path):
+    script = os.path.join(ROOT, 'experiments', 'figures.py')
+    proc = subprocess.run([sys.executable, script, '--help-config'],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0
+    assert 'record_every: an integer >= 1' in proc.stdout
+    out = tmp_path / 'out'
+    proc = subprocess.run([sys.executable, script, '--set', 'lr=-1',
+                           '--out', str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "config key 'lr'" in proc.stderr and not out.exists()
+
+
+def test_figures_entry_point_writes_pngs(tmp_path):
+    config = tmp_path / 'figures.yaml'
+    config.write_text(
+        'profile: tiny\nprofiles:\n  tiny:\n    model: plain_cnn\n'
+        '    model_kwargs: {in_channels: 1, depth: 3, width: 4}\n'
+        '    image_size: 8\n    batch_size: 8\n    iterations: 3\n'
+        '    record_every: 2\n')
+    root = tmp_path / 'out'
+    out = root / 'figures' / 'tiny'
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'experiments', 'figures.py'),
+         '--config', str(config), '--out', str(root)],
+        capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ('fig1.png', 'fig4a.png', 'fig4b.png'):
+        with open(out / name, 'rb') as f:
+            assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    summary = json.loads((out / 'summary.json').read_text())
+    assert summary['sigma_max']['ratio'] > 0
+    assert len(summary['underflow_delta']) == 3       # conv1 has none
+    rows = load_csv(str(out / 'adaptive' / 'records.csv'))
+    assert sorted({r['iteration'] for r in rows}) == [1, 2]
+    assert 'sigma_max fixed / adaptive' in proc.stdout
