@@ -20,6 +20,45 @@ import numpy  # NOQA: E402
 
 import chainer  # NOQA: E402
 
+from ada_loss import atomic  # NOQA: E402
+
+
+class _Tee(io.TextIOBase):
+    """stdout that also keeps what was written."""
+
+    def __init__(self, stream):
+        self.stream, self.kept = stream, io.StringIO()
+
+    def write(self, text):
+        self.kept.write(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
+def run_with_output(main, name):
+    """Runs ``main()`` (which parses ``sys.argv``) and writes what it printed
+    to ``--out FILE`` too (default ``benchmarks/cpu/<name>.txt``; ``--out
+    -`` for none): the raw output behind the figures in docs/speed.md."""
+    out = os.path.join(_ROOT, 'benchmarks', 'cpu', name + '.txt')
+    argv = sys.argv[1:]
+    if '--out' in argv:
+        i = argv.index('--out')
+        out = argv[i + 1] if i + 1 < len(argv) else '-'
+        del argv[i:i + 2]
+        sys.argv[1:] = argv
+    if out == '-':
+        return main()
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        result = main()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    atomic.write_text(out, '$ python scripts/{}.py {}\n{}'.format(
+        name, ' '.join(argv), tee.kept.getvalue()))
+    print('[{}] output written to {}'.format(name, out))
+    return result
+
 
 def blas_brief():
     """A one-line description of NumPy's BLAS (name, library, threads)."""

@@ -90,4 +90,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    bc.run_with_output(main, 'bench_formats')

@@ -153,4 +153,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    bc.run_with_output(main, 'bench_overhead')

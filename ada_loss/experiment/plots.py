@@ -9,6 +9,8 @@ import math
 import os
 
 import matplotlib
+import numpy
+
 matplotlib.use('Agg')
 
 from ada_loss import atomic  # NOQA: E402
@@ -41,7 +43,6 @@ def plot_loss_scales(csv_paths, png_path, title=None, max_panels=4):
         str or None: ``png_path``, or None when there was nothing to plot.
     """
     import matplotlib.pyplot as plt
-    import numpy
     if isinstance(csv_paths, str):
         csv_paths = [csv_paths]
     titles = title if isinstance(title, (list, tuple)) else \

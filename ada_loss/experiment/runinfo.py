@@ -18,7 +18,12 @@ Every file of a run folder is replaced atomically (:mod:`ada_loss.atomic`).
 """
 import json
 import os
+import platform
 import subprocess
+
+import chainer
+import numpy
+import threadpoolctl
 
 from ada_loss import atomic
 
@@ -53,7 +58,6 @@ def cpu_model():
                     return line.split(':', 1)[1].strip()
     except OSError:
         pass
-    import platform
     return platform.processor() or None
 
 
@@ -61,10 +65,6 @@ def environment():
     """What a run's numbers depend on besides config and seed: Python,
     NumPy, Chainer, the BLAS libraries loaded, the CPU (``run.json``:
     ``environment``)."""
-    import platform
-    import chainer
-    import numpy
-    import threadpoolctl
     blas = sorted({'{} {} ({})'.format(i.get('internal_api'),
                                        i.get('version'), i.get('prefix'))
                    for i in threadpoolctl.threadpool_info()})
