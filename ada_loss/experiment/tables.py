@@ -199,8 +199,15 @@ def to_markdown(table):
 
 
 def to_csv(table):
+    """The table's cells with their statistics, or, for a table without
+    cell statistics, its header and rows."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator='\n')
+    if not table.cells:
+        w.writerow(table.header)
+        w.writerows([str(c).replace('**', '') for c in r]
+                    for r in table.rows)
+        return buf.getvalue()
     w.writerow(['dataset', 'model', 'column', 'scale', 'mean_accuracy',
                 'std_accuracy', 'n_finished', 'n_diverged', 'n_running',
                 'text'])

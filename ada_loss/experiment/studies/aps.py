@@ -30,7 +30,6 @@ import chainer
 import numpy
 from chainer import training
 
-from ada_loss import atomic
 from ada_loss.communication.allreduce import allreduce_low_precision
 from ada_loss.communication.cost import cost_rows
 from ada_loss.communication.policy import CommPolicy
@@ -40,6 +39,7 @@ from ada_loss.communication.simulator import SimulatedDataParallelUpdater
 from ada_loss.communication.summation import ORDERS
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
+from ada_loss.experiment import tables as T
 from ada_loss.experiment import trainer as TR
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.data import dataset_info, load_datasets
@@ -137,14 +137,6 @@ def mean_std(values):
     if len(values) == 1:
         return '{:.2f}'.format(m)
     return '{:.2f} ± {:.2f}'.format(m, numpy.std(values, ddof=1) * 100)
-
-
-def write_markdown(folder, name, md, quiet=False):
-    os.makedirs(folder, exist_ok=True)
-    atomic.write_text(os.path.join(folder, name), md + '\n')
-    if not quiet:
-        print(md)
-    return md
 
 
 def compute_run(folder, fields, config_text, compute):
@@ -349,20 +341,18 @@ class Table4Study(Study):
     def write_tables(self, cfg, out, quiet=False):
         folder = os.path.join(out, cfg.table)
         runs = R.find_runs(folder)
-        return write_markdown(folder, 'table.md', table4_markdown(cfg, runs),
-                              quiet)
+        return T.write_table(table4(cfg, runs), folder, 'table', quiet)
 
 
-def table4_markdown(cfg, runs):
+def table4(cfg, runs):
     """The Table 4 analogue from the runs' ``run.json`` dicts."""
     sim = cfg.sim
-    lines = ['**APS Table 4 analogue: test accuracy (%), {} simulated '
-             'workers ({}), global batch {}, {}, {}, loss scaling {}**'
-             .format(sim.workers, sim.policy('float32', True)
-                     .describe().split(', ', 2)[-1], cfg.train.batchsize,
-                     cfg.model.name, cfg.data.dataset, cfg.train.mode), '',
-             '| Precision (exp, man) | APS | accuracy | diverged |',
-             '|---|---|---|---|']
+    title = ('APS Table 4 analogue: test accuracy (%), {} simulated workers '
+             '({}), global batch {}, {}, {}, loss scaling {}'.format(
+                 sim.workers, sim.policy('float32', True).describe().split(
+                     ', ', 2)[-1], cfg.train.batchsize, cfg.model.name,
+                 cfg.data.dataset, cfg.train.mode))
+    rows = []
     for fmt in cfg.grid.formats:
         f = get_format(fmt)
         for aps in ([True] if f.is_float32 else cfg.grid.aps):
@@ -373,13 +363,14 @@ def table4_markdown(cfg, runs):
             div = sum(1 for r in rs if r['status'] == R.DIVERGED)
             label = '({}, {}): {} bits'.format(f.exp_bits, f.man_bits,
                                                1 + f.exp_bits + f.man_bits)
-            lines.append('| {} | {} | {} | {} |'.format(
-                label, '/' if f.is_float32 else ('yes' if aps else 'no'),
-                mean_std(accs), '{}/{}'.format(div, len(rs))))
-    lines += ['', 'mean ± sample std over seeds {} of the runs that did not '
+            rows.append([label, '/' if f.is_float32 else
+                         ('yes' if aps else 'no'), mean_std(accs),
+                         '{}/{}'.format(div, len(rs))])
+    footer = ('mean ± sample std over seeds {} of the runs that did not '
               'diverge; "diverged" = runs with non-finite loss or weights / '
-              'runs.'.format(cfg.grid.seeds)]
-    return '\n'.join(lines)
+              'runs.'.format(cfg.grid.seeds))
+    return T.Table(title, ['Precision (exp, man)', 'APS', 'accuracy',
+                           'diverged'], rows, [], footer)
 
 
 # -- Table 9 ----------------------------------------------------------------------
@@ -499,11 +490,10 @@ class Table9Study(Study):
                 and r['seed'] in cfg.seeds]
         if not runs:
             return None
-        return write_markdown(folder, 'table.md', table9_markdown(cfg, runs),
-                              quiet)
+        return T.write_table(table9(cfg, runs), folder, 'table', quiet)
 
 
-def table9_markdown(cfg, runs):
+def table9(cfg, runs):
     errors = collections.defaultdict(list)
     for r in sorted(runs, key=lambda r: r['seed']):
         for e in r['errors']:
@@ -512,26 +502,21 @@ def table9_markdown(cfg, runs):
     columns = cfg.columns()
     head = ['{}'.format(k) for _, k in columns[:-1]] + \
         ['{} (ring)'.format(cfg.workers)]
-    lines = ['**APS Table 9 analogue: average round-off error (Eq. 5, %) '
-             'of {} ({} gradient, shape {}) over {} workers, {} APS, '
-             '{} examples per worker**'.format(
+    title = ('APS Table 9 analogue: average round-off error (Eq. 5, %) of {} '
+             '({} gradient, shape {}) over {} workers, {} APS, {} examples '
+             'per worker'.format(
                  runs[0]['layer'], cfg.model.name, tuple(runs[0]['shape']),
                  cfg.workers, 'with' if cfg.aps else 'without',
-                 cfg.per_worker_batch), '',
-             '| format | summation | group size: ' + ' | '.join(head) + ' |',
-             '|---|---|' + '---|' * len(head)]
-    for fmt in cfg.formats:
-        f = get_format(fmt)
-        for kahan in cfg.kahan:
-            cells = [mean_std(errors[(f.name, kahan, k)])
-                     for _, k in columns]
-            lines.append('| ({}, {}) | {} | {} |'.format(
-                f.exp_bits, f.man_bits, 'Kahan' if kahan else 'naive',
-                ' | '.join(cells)))
-    lines += ['', 'mean ± sample std over seeds {} (model init and batch); '
+                 cfg.per_worker_batch))
+    rows = [['({}, {})'.format(f.exp_bits, f.man_bits),
+             'Kahan' if kahan else 'naive'] +
+            [mean_std(errors[(f.name, kahan, k)]) for _, k in columns]
+            for f in map(get_format, cfg.formats) for kahan in cfg.kahan]
+    footer = ('mean ± sample std over seeds {} (model init and batch); '
               'elements with an exact zero mean left out of Eq. 5.'.format(
-                  sorted(r['seed'] for r in runs))]
-    return '\n'.join(lines)
+                  sorted(r['seed'] for r in runs)))
+    return T.Table(title, ['format', 'summation', 'group size: ' + head[0]]
+                   + head[1:], rows, [], footer)
 
 
 # -- communication cost --------------------------------------------------------------
@@ -587,32 +572,28 @@ class CostStudy(Study):
         info = R.read_run(os.path.join(folder, cfg.model.name))
         if not info or info.get('status') != R.FINISHED:
             return None
-        return write_markdown(folder, 'table.md', cost_markdown(cfg, info),
-                              quiet)
+        return T.write_table(cost_table(cfg, info), folder, 'table', quiet)
 
 
-def cost_markdown(cfg, info):
+def cost_table(cfg, info):
     rows, sizes, ks = info['rows'], info['sizes'], cfg.group_sizes
     base = {r['p']: r['message_bytes'] for r in rows
             if r['format'] == 'float32'}
-    lines = ['**Communication per step: {} ({} parameters in {} tensors)'
-             '**'.format(cfg.model.name, sum(sizes), len(sizes)), '',
-             '| format | bits | APS | p | exponents [B] | payload [B] | '
-             'message [KiB] | vs FP32 | ring: sent per worker [KiB] | '
-             'ring steps 2(p−1) | ' + ' | '.join(
-                 'hier. k={} steps 4(k−1)+2(p/k−1)'.format(k) for k in ks)
-             + ' |', '|' + '---|' * (10 + len(ks))]
-    for r in rows:
-        lines.append('| {} | {} | {} | {} | {} | {:.0f} | {:.1f} | {:.3f} | '
-                     '{:.1f} | {} | {} |'.format(
-                         r['format'], r['bits'], 'yes' if r['aps'] else 'no',
-                         r['p'], r['exponent_bytes'], r['payload_bytes'],
-                         r['message_bytes'] / 1024.0,
-                         r['message_bytes'] / base.get(r['p'], float('nan')),
-                         r['ring_sent_bytes'] / 1024.0, r['ring_steps'],
-                         ' | '.join(str(r.get('steps_k{}'.format(k), '—'))
-                                    for k in ks)))
-    return '\n'.join(lines)
+    header = (['format', 'bits', 'APS', 'p', 'exponents [B]', 'payload [B]',
+               'message [KiB]', 'vs FP32', 'ring: sent per worker [KiB]',
+               'ring steps 2(p−1)'] +
+              ['hier. k={} steps 4(k−1)+2(p/k−1)'.format(k) for k in ks])
+    body = [[r['format'], r['bits'], 'yes' if r['aps'] else 'no', r['p'],
+             r['exponent_bytes'], '{:.0f}'.format(r['payload_bytes']),
+             '{:.1f}'.format(r['message_bytes'] / 1024.0),
+             '{:.3f}'.format(r['message_bytes'] /
+                             base.get(r['p'], float('nan'))),
+             '{:.1f}'.format(r['ring_sent_bytes'] / 1024.0), r['ring_steps']]
+            + [str(r.get('steps_k{}'.format(k), '—')) for k in ks]
+            for r in rows]
+    return T.Table('Communication per step: {} ({} parameters in {} '
+                   'tensors)'.format(cfg.model.name, sum(sizes), len(sizes)),
+                   header, body, [], '')
 
 
 #: the instances the entries run
