@@ -4,7 +4,7 @@ import numpy
 from chainer import backend
 from chainer.training import updaters
 
-from ada_loss.scaling.methods import NonFiniteGradientError
+from ada_loss.errors import NonFiniteGradientError
 
 
 def _format_params(model):
