@@ -32,7 +32,7 @@ from ada_loss.detection.model import build_ssd
 from ada_loss.detection.ssd_train_chain import MultiboxTrainChain
 from ada_loss.detection.ssd_train_chain import setup_ssd_optimizer
 from ada_loss.detection.transforms import SSDTrainTransform
-from ada_loss.experiment import trainer as T
+from ada_loss.experiment import trainer as harness
 from ada_loss.experiment.grid import mode_slug
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.scaling import parse_mode
@@ -79,7 +79,7 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
     dtype = resolve_precision(cell.mode)
     name = ssd_run_name(cell)
     folder = os.path.join(out_root, cfg['table'], name)
-    info, resuming = T.open_run(folder, [
+    info, resuming = harness.open_run(folder, [
         ('name', name), ('table', cfg['table']), ('model', cell.model),
         ('dataset', 'voc0712'), ('batchsize', cell.batchsize),
         ('mode', str(spec)), ('mode_name', spec.name),
@@ -99,25 +99,25 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
     transform = SSDTrainTransform(model.coder, model.insize, model.mean,
                                   photometric=data_cfg['photometric'])
     train = chainer.datasets.TransformDataset(
-        T.subset(get_voc_detection_train(root), data_cfg['train_size'],
-                 cell.seed), transform)
-    test = T.subset(get_voc_detection_test(root), data_cfg['test_size'],
-                    cell.seed + 1)
+        harness.subset(get_voc_detection_train(root),
+                       data_cfg['train_size'], cell.seed), transform)
+    test = harness.subset(get_voc_detection_test(root),
+                          data_cfg['test_size'], cell.seed + 1)
     optimizer = setup_ssd_optimizer(
         chain, train_cfg['lr'], train_cfg['momentum'],
         train_cfg['weight_decay'], dtype, comm)
 
-    train, _, batchsize = T.scatter(train, None, cell.batchsize, comm,
-                                    cell.seed, 'batch size')
-    seed = T.iterator_seed(cell.seed, comm)
-    train_iter = T.make_iterator(train, batchsize, data_cfg['loaderjobs'],
-                                 seed=seed)
-    test_iter = T.make_iterator(test, train_cfg['eval_batchsize'], 0,
-                                repeat=False, shuffle=False, seed=seed)
+    train, _, batchsize = harness.scatter(train, None, cell.batchsize, comm,
+                                          cell.seed, 'batch size')
+    seed = harness.iterator_seed(cell.seed, comm)
+    train_iter = harness.make_iterator(train, batchsize,
+                                       data_cfg['loaderjobs'], seed=seed)
+    test_iter = harness.make_iterator(test, train_cfg['eval_batchsize'], 0,
+                                      repeat=False, shuffle=False, seed=seed)
 
     scaling = make_loss_scaling(cell.mode, dtype)
-    updater = T.make_updater(train_iter, optimizer, scaling, spec, comm,
-                             os.path.join(folder, 'scaling.txt'))
+    updater = harness.make_updater(train_iter, optimizer, scaling, spec,
+                                   comm, os.path.join(folder, 'scaling.txt'))
 
     stop = StopAt(iterations=train_cfg['iterations'])
     trainer = training.Trainer(updater, stop, out=folder)
@@ -126,29 +126,30 @@ def run_ssd(cfg, cell, out_root, resume=False, comm=None):
     evaluator._iterators['main'] = test_iter
     if comm is not None:
         evaluator.comm = comm
-    T.extend_trainer(
+    harness.extend_trainer(
         trainer, stop, log_cfg, evaluator,
         IterationStepLR(train_cfg['lr'], train_cfg['lr_steps'],
                         train_cfg['lr_decay'], optimizer=optimizer),
         optimizer, scaling, resuming, comm,
-        reporters=lambda every: T.print_report(PRINT_KEYS, every,
-                                               log_cfg['progress']))
+        reporters=lambda every: harness.print_report(PRINT_KEYS, every,
+                                                     log_cfg['progress']))
 
     def finalize(info, error):
         log = trainer.get_extension('LogReport').log
         maps = [e['validation/main/map'] for e in log
-                if T.finite(e.get('validation/main/map'))]
-        train_loss = T.last(log, 'main/loss')
-        final_map = T.last(log, 'validation/main/map')
-        if error is None and not (T.finite(train_loss) and
-                                  T.finite(final_map)):
+                if harness.finite(e.get('validation/main/map'))]
+        train_loss = harness.last(log, 'main/loss')
+        final_map = harness.last(log, 'validation/main/map')
+        if error is None and not (harness.finite(train_loss) and
+                                  harness.finite(final_map)):
             error = 'non-finite loss or mAP at the end (train loss {}, ' \
                 'mAP {})'.format(train_loss, final_map)
-        T.summarize(info, trainer, updater, scaling, error, lambda diverged: [
-            ('final_map', None if diverged else final_map),
-            ('best_map', None if diverged or not maps else max(maps)),
-            ('last_map', final_map), ('final_train_loss', train_loss)],
+        harness.summarize(
+            info, trainer, updater, scaling, error, lambda diverged: [
+                ('final_map', None if diverged else final_map),
+                ('best_map', None if diverged or not maps else max(maps)),
+                ('last_map', final_map), ('final_train_loss', train_loss)],
             epoch=False)
 
-    return T.run_trainer(trainer, updater, info, folder, finalize, comm,
-                         threads=T.blas_threads(cfg))
+    return harness.run_trainer(trainer, updater, info, folder, finalize,
+                               comm, threads=harness.blas_threads(cfg))
