@@ -3,6 +3,11 @@ updater.py) advances as under Chainer's ``StandardUpdater``: one
 ``new_epoch(auto=True)`` each time the iterator starts a new epoch, skipped
 steps included, none with ``auto_new_epoch=False``; and a snapshot restores
 it."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -16,6 +21,8 @@ from chainer.training import updaters
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training.snapshot import load_with_fallback, write_snapshot
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
 
 N_EXAMPLES = 5      # batch 2: epochs end inside a batch, as in real runs
 BATCH = 2
@@ -99,6 +106,41 @@ def test_auto_new_epoch_false_leaves_the_epoch_to_the_user():
     assert not opt.use_auto_new_epoch
     opt.new_epoch()     # allowed only when the updater does not call it
     assert opt.epoch == 1
+
+
+_DISTRIBUTED = textwrap.dedent('''
+    import json, sys, warnings
+    import numpy as np
+    import chainer
+    sys.path.insert(0, 'tests/training')
+    import test_updater_epoch as base
+    from ada_loss.scaling import make_loss_scaling
+    from ada_loss.training.distributed import (
+        DistributedMixedPrecisionUpdater, create_communicator,
+        create_multi_node_optimizer, prime_multi_node_optimizer)
+    comm = create_communicator('naive')
+    opt = create_multi_node_optimizer(
+        chainer.optimizers.MomentumSGD(0.01), comm)
+    opt.setup(base._model())
+    prime_multi_node_optimizer(opt, comm)
+    up = DistributedMixedPrecisionUpdater(
+        base._iterator(base._dataset()), opt, make_loss_scaling('dynamic'),
+        comm)
+    print(json.dumps(base._epochs(up, opt, 9)))
+''')
+
+
+def test_distributed_updater_counts_epochs():
+    """DistributedMixedPrecisionUpdater (one rank; ChainerMN's naive
+    communicator) inherits the count. A child process: MPI starts once per
+    process."""
+    pytest.importorskip('mpi4py', reason='mpi4py not installed '
+                        '(./scripts/install.sh mpi)')
+    res = subprocess.run([sys.executable, '-c', _DISTRIBUTED], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    trace = json.loads(res.stdout.strip().splitlines()[-1])
+    assert trace == _epochs(*_standard(), 9)
 
 
 def _trainer(updater, out, epochs):
