@@ -37,10 +37,10 @@ except ImportError as e:
 if chainer is not None:
     from ada_loss.adaptive import (  # NOQA
         AdaLossScaled, ScaleAwareBackwardError)
+    from ada_loss.errors import NonFiniteGradientError  # NOQA
+    from ada_loss.precision import PRECISIONS, parse_precision  # NOQA
     from ada_loss.scaling import (  # NOQA
-        MODES, NonFiniteGradientError, make_loss_scaling, parse_mode,
-        resolve_precision)
-    from ada_loss.training.precision import (  # NOQA
-        PRECISIONS, apply_precision, parse_precision)
+        MODES, make_loss_scaling, parse_mode, resolve_precision)
+    from ada_loss.training.precision import apply_precision  # NOQA
 
 __version__ = '0.1.0'

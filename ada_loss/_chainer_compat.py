@@ -30,12 +30,18 @@ edits installed files. Each patch names the file it serves; each has a test in
 interpreter start for a program that imports ``chainer`` before ``ada_loss``.
 It only uses the standard library at import, so the hook can load this file on
 its own without importing the ``ada_loss`` package (which imports Chainer).
+That is why its other imports are made inside the patches that need them:
+NumPy (about 0.1 s, which every interpreter start of the environment would
+pay), Chainer (which must come *after* the patches), ``pkg_resources``
+(importing it under a warnings filter is the patch) and ``importlib.metadata``
+(read only when CuPy is installed), and CuPy, which is optional.
 """
 import importlib.abc
 import importlib.util
 import os
 import sys
 import types
+import warnings
 
 _STARTUP_PTH = 'ada_loss_chainer_compat.pth'
 
@@ -103,7 +109,6 @@ def _quiet_pkg_resources():
     # Chainer imports it for its own packaging check, not the user's code.
     if 'pkg_resources' in sys.modules or _module_missing('pkg_resources'):
         return
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         import pkg_resources  # NOQA

@@ -7,6 +7,8 @@ they are large enough for a small strided ResNet, which makes them the
 dataset of the demos and tests.
 """
 import numpy
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
 from ada_loss.datasets.image_label_dataset import ImageLabelDataset
 
@@ -30,9 +32,6 @@ def get_digits(test_ratio=0.2, seed=0, size=16):
         are a ``float32`` ``(1, size, size)`` image in [0, 1] and an ``int32``
         label in 0..9.
     """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
     if not 0 < test_ratio < 1:
         raise ValueError('test_ratio must be in (0, 1), got {}'.format(
             test_ratio))

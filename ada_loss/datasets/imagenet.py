@@ -24,7 +24,7 @@ import csv
 import os
 
 import chainer
-import chainercv.transforms as T
+from chainercv import transforms
 import numpy
 from chainercv.datasets import DirectoryParsingLabelDataset
 from chainercv.datasets import directory_parsing_label_names
@@ -245,10 +245,11 @@ class ImageNetTrainTransform(object):
 
     def __call__(self, in_data):
         img, label = in_data
-        img = T.random_sized_crop(img, scale_ratio_range=self.scale_range,
-                                  aspect_ratio_range=self.ratio_range)
-        img = T.resize(img, (self.size, self.size))
-        img = T.random_flip(img, x_random=True)
+        img = transforms.random_sized_crop(
+            img, scale_ratio_range=self.scale_range,
+            aspect_ratio_range=self.ratio_range)
+        img = transforms.resize(img, (self.size, self.size))
+        img = transforms.random_flip(img, x_random=True)
         return _normalize(img, self.mean, self.std), label
 
 
@@ -263,8 +264,8 @@ class ImageNetEvalTransform(object):
 
     def __call__(self, in_data):
         img, label = in_data
-        img = T.scale(img, self.resize, fit_short=True)
-        img = T.center_crop(img, (self.size, self.size))
+        img = transforms.scale(img, self.resize, fit_short=True)
+        img = transforms.center_crop(img, (self.size, self.size))
         return _normalize(img, self.mean, self.std), label
 
 

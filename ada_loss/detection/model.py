@@ -22,6 +22,8 @@ Liu et al. 2016) made ready for MPT:
 :class:`TinySSD` is *not in the paper*: a 64x64 SSD with the same building
 blocks, for tests and smoke runs.
 """
+import os
+
 import chainer
 import chainer.functions as F
 import chainer.links as L
@@ -139,7 +141,6 @@ def build_ssd(name='ssd512', n_fg_class=20, dtype='float32',
         raise ValueError('unknown SSD model {!r}; allowed: {}'.format(
             name, ', '.join(SSD_MODELS)))
     if pretrained_model is not None:
-        import os
         if not (isinstance(pretrained_model, str)
                 and os.path.isfile(pretrained_model)):
             raise ValueError(

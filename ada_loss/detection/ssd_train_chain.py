@@ -14,6 +14,7 @@ import numpy
 from chainercv.links.model.ssd import GradientScaling
 from chainercv.links.model.ssd import multibox_loss
 
+from ada_loss.training.distributed import create_multi_node_optimizer
 from ada_loss.training.hooks import WeightDecay
 from ada_loss.training.precision import setup_optimizer
 
@@ -64,7 +65,6 @@ def setup_ssd_optimizer(train_chain, lr=1e-3, momentum=0.9,
     when ``comm`` is given."""
     optimizer = chainer.optimizers.MomentumSGD(lr=lr, momentum=momentum)
     if comm is not None:
-        from ada_loss.training.distributed import create_multi_node_optimizer
         optimizer = create_multi_node_optimizer(optimizer, comm)
     setup_optimizer(optimizer, train_chain, dtype)
     for param in train_chain.params():

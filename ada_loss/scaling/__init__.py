@@ -22,8 +22,10 @@
 Every method targets the range of the gradient format of the run's precision
 (:func:`make_loss_scaling` ``(mode, precision)``).
 """
-from ada_loss.scaling.modes import (  # NOQA
-    MODES, LossScalingSpec, parse_mode, resolve_precision)
+from ada_loss.errors import NonFiniteGradientError  # NOQA
 from ada_loss.scaling.methods import (  # NOQA
     AdaptiveScaling, AmaxScaling, DynamicScaling, FixedScaling, LossScaling,
-    NoScaling, NonFiniteGradientError, make_loss_scaling)
+    NoScaling)
+from ada_loss.scaling.modes import (  # NOQA
+    MODES, LossScalingSpec, make_loss_scaling, parse_mode,
+    resolve_precision)

@@ -10,14 +10,11 @@ divides them by it in FP32 (on the FP32 master copy under
 import chainer
 import numpy
 
+from ada_loss import adaptive
+from ada_loss.errors import NonFiniteGradientError  # NOQA (re-exported)
 from ada_loss.formats import get_format
 from ada_loss.loss_scale.dynamic import make_dynamic_loss_scale
 from ada_loss.loss_scale.gemm import check_scale
-from ada_loss.scaling.modes import parse_mode
-
-
-class NonFiniteGradientError(FloatingPointError):
-    """Inf/NaN gradients in a mode that cannot recover by skipping."""
 
 
 def _scaled_backward():
@@ -169,7 +166,6 @@ class AdaptiveScaling(LossScaling):
         self._build(chainer.Chain(), verbose=False)
 
     def _build(self, model, verbose):
-        from ada_loss import adaptive
         options = dict(self.options, fmt=self.fmt)
         return getattr(adaptive, self._impl)(model, verbose=verbose,
                                              **options)
@@ -214,43 +210,3 @@ class AmaxScaling(AdaptiveScaling):
         self._init(dict(init_scale=init_scale, margin=margin,
                         history=history, fmt=fmt,
                         max_accum_scale=max_accum_scale))
-
-
-def make_loss_scaling(mode, precision=None):
-    """The :class:`LossScaling` of a mode string (see :func:`parse_mode`),
-    targeting the gradient format of ``precision`` (default: float16, as in
-    mixed16; see :mod:`ada_loss.training.precision`).
-
-    Raises:
-        ValueError: a bad mode or option, or a fixed scale that is not
-            below the gradient format's largest value.
-    """
-    spec = parse_mode(mode)
-    fmt = get_format('float16')
-    if precision is not None:
-        from ada_loss.training.precision import parse_precision
-        fmt = parse_precision(precision).grad_format
-    if spec.name in ('fp32', 'none'):
-        method = NoScaling()
-    elif spec.name == 'fixed':
-        if not spec.options['scale'] < fmt.u_max:
-            raise ValueError(
-                'fixed loss scale {:g} is not below the largest value {:g} '
-                'of the gradient format {}: the scaled loss gradient itself '
-                'would overflow'.format(spec.options['scale'], fmt.u_max,
-                                        fmt))
-        method = FixedScaling(spec.options['scale'])
-    else:
-        cls = {'dynamic': DynamicScaling, 'adaptive': AdaptiveScaling,
-               'amax': AmaxScaling}[spec.name]
-        try:
-            method = cls(**spec.options)
-            if isinstance(method, AdaptiveScaling):
-                method.set_format(fmt)
-        except (TypeError, ValueError, OverflowError) as e:
-            # e.g. a string where a number is needed, int(inf) for an
-            # interval (OverflowError), an out-of-range value
-            raise ValueError('bad options for mode {}: {}'.format(spec, e))
-    if not isinstance(method, AdaptiveScaling):
-        method.fmt = fmt
-    return method

@@ -1,8 +1,13 @@
 """Parsing and validation of the loss-scaling mode (and the precision it
-runs in)."""
+runs in), and the method a mode makes (:func:`make_loss_scaling`)."""
 import collections
 import inspect
 import math
+
+from ada_loss.formats import get_format
+from ada_loss.precision import parse_precision
+from ada_loss.scaling.methods import (
+    AdaptiveScaling, AmaxScaling, DynamicScaling, FixedScaling, NoScaling)
 
 MODES = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive', 'amax')
 
@@ -48,10 +53,9 @@ def _parse_value(text):
 
 
 def _allowed_options(name):
-    from ada_loss.scaling import methods
-    cls = {'dynamic': methods.DynamicScaling,
-           'adaptive': methods.AdaptiveScaling,
-           'amax': methods.AmaxScaling}[name]
+    cls = {'dynamic': DynamicScaling,
+           'adaptive': AdaptiveScaling,
+           'amax': AmaxScaling}[name]
     sig = inspect.signature(cls.__init__)
     return [p for p in sig.parameters if p != 'self']
 
@@ -103,11 +107,10 @@ def resolve_precision(mode, precision=None):
     """The precision a run uses (its canonical name): ``fp32`` implies
     float32, other modes default to mixed16.
 
-    An explicit ``precision`` (see :mod:`ada_loss.training.precision`) is
+    An explicit ``precision`` (see :mod:`ada_loss.precision`) is
     allowed for every mode but ``fp32`` (which *is* float32): e.g.
     ``adaptive`` in ``fp8``, or ``fixed:S`` in float32 for tests.
     """
-    from ada_loss.training.precision import parse_precision
     spec = parse_mode(mode)
     if precision is None:
         return 'float32' if spec.name == 'fp32' else 'mixed16'
@@ -117,3 +120,42 @@ def resolve_precision(mode, precision=None):
                          'with precision {!r} (use mode none for low '
                          'precision without loss scaling)'.format(precision))
     return name
+
+
+def make_loss_scaling(mode, precision=None):
+    """The :class:`LossScaling` of a mode string (see :func:`parse_mode`),
+    targeting the gradient format of ``precision`` (default: float16, as in
+    mixed16; see :mod:`ada_loss.precision`).
+
+    Raises:
+        ValueError: a bad mode or option, or a fixed scale that is not
+            below the gradient format's largest value.
+    """
+    spec = parse_mode(mode)
+    fmt = get_format('float16')
+    if precision is not None:
+        fmt = parse_precision(precision).grad_format
+    if spec.name in ('fp32', 'none'):
+        method = NoScaling()
+    elif spec.name == 'fixed':
+        if not spec.options['scale'] < fmt.u_max:
+            raise ValueError(
+                'fixed loss scale {:g} is not below the largest value {:g} '
+                'of the gradient format {}: the scaled loss gradient itself '
+                'would overflow'.format(spec.options['scale'], fmt.u_max,
+                                        fmt))
+        method = FixedScaling(spec.options['scale'])
+    else:
+        cls = {'dynamic': DynamicScaling, 'adaptive': AdaptiveScaling,
+               'amax': AmaxScaling}[spec.name]
+        try:
+            method = cls(**spec.options)
+            if isinstance(method, AdaptiveScaling):
+                method.set_format(fmt)
+        except (TypeError, ValueError, OverflowError) as e:
+            # e.g. a string where a number is needed, int(inf) for an
+            # interval (OverflowError), an out-of-range value
+            raise ValueError('bad options for mode {}: {}'.format(spec, e))
+    if not isinstance(method, AdaptiveScaling):
+        method.fmt = fmt
+    return method

@@ -51,6 +51,7 @@ dynamic/adaptive state machines see the same overflow signal.
 
 Use :func:`create_multi_node_optimizer` instead of ChainerMN's function.
 """
+import chainermn
 import numpy
 
 from ada_loss import _chainer_compat
@@ -59,7 +60,7 @@ from ada_loss.training.updater import MixedPrecisionUpdater, all_grads_finite
 
 def create_communicator(name='naive'):
     """A ChainerMN communicator (``'naive'`` runs on CPU)."""
-    import chainermn
+    # imports mpi4py (optional), and MPI_Init with it: only when needed
     import chainermn.communicators._memory_utility  # NOQA
     _chainer_compat.apply_chainermn()   # NumPy 2: flat/non-CUDA-aware ones
     return chainermn.create_communicator(name)
@@ -146,7 +147,6 @@ class LossScaleSyncCommunicator(object):
 
 def create_multi_node_optimizer(optimizer, comm):
     """``chainermn.create_multi_node_optimizer`` with loss-scale sync."""
-    import chainermn
     return chainermn.create_multi_node_optimizer(
         optimizer, LossScaleSyncCommunicator(comm))
 

@@ -16,10 +16,11 @@ import multiprocessing
 import random
 
 import numpy
+from chainer.iterators import ShuffleOrderSampler
+from chainer.iterators import _statemachine
 
 from ada_loss.training.faults import fault_point
 from ada_loss.training.random_states import SerialIterator, serialize_rng
-from chainer.iterators import _statemachine
 
 _dataset = None     # the dataset of a worker process
 
@@ -54,7 +55,6 @@ class SeededIterator(SerialIterator):
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=True,
                  seed=0, n_processes=0, fault=None):
-        from chainer.iterators import ShuffleOrderSampler
         self._seeds = numpy.random.RandomState(seed)
         sampler = ShuffleOrderSampler(numpy.random.RandomState(
             self._seeds.randint(2 ** 31))) if shuffle else None

@@ -16,7 +16,9 @@
   it resumed from is ``loaded_from`` (``run.json``: ``resumed_from``).
 """
 import os
+import shutil
 import sys
+import tempfile
 import zipfile
 import zlib
 
@@ -97,7 +99,6 @@ def _remove_stale_temporaries(folder):
 
 def write_snapshot(trainer, folder):
     """Writes the trainer's snapshot as described in the module docstring."""
-    import tempfile
     latest = os.path.join(folder, LATEST)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_snapshot.')
     try:
@@ -113,7 +114,6 @@ def write_snapshot(trainer, folder):
             try:
                 os.link(latest, keep)
             except OSError:     # no hard links on this file system
-                import shutil
                 shutil.copyfile(latest, keep)
             os.replace(keep, os.path.join(folder, PREVIOUS))
             fault_point('snapshot_rotate')

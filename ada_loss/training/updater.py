@@ -4,7 +4,7 @@ import numpy
 from chainer import backend
 from chainer.training import updaters
 
-from ada_loss.scaling.methods import NonFiniteGradientError
+from ada_loss.errors import NonFiniteGradientError
 
 
 def _format_params(model):
@@ -94,18 +94,23 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
     :class:`NonFiniteGradientError` is raised.
 
     Reports ``loss_scale`` and ``skipped_steps`` (cumulative) every step.
+    ``optimizer.epoch`` advances as under ``StandardUpdater``: once each
+    time the iterator starts a new epoch, skipped steps included.
 
     Args:
-        iterator, optimizer, converter, device: as ``StandardUpdater``.
+        iterator, optimizer, converter, device, loss_func, auto_new_epoch:
+            as ``StandardUpdater``.
         loss_scaling (ada_loss.scaling.LossScaling): the method.
         mode (str): its name, for messages.
     """
 
     def __init__(self, iterator, optimizer, loss_scaling, mode='',
-                 converter=None, device=None, loss_func=None):
+                 converter=None, device=None, loss_func=None,
+                 auto_new_epoch=True):
         kwargs = {} if converter is None else {'converter': converter}
         super(MixedPrecisionUpdater, self).__init__(
-            iterator, optimizer, device=device, loss_func=loss_func, **kwargs)
+            iterator, optimizer, device=device, loss_func=loss_func,
+            auto_new_epoch=auto_new_epoch, **kwargs)
         self.loss_scaling = loss_scaling
         self.mode = mode
         self.skipped_steps = 0
@@ -140,6 +145,10 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
                             model, self.loss_scaling.fmt)[:8])))
             model.cleargrads()
         self.loss_scaling.update(not finite)
+        # As StandardUpdater: the epoch is the iterator's, whether or not
+        # this step reached the weights.
+        if self.auto_new_epoch and iterator.is_new_epoch:
+            optimizer.new_epoch(auto=True)
         chainer.report({'loss_scale': self.loss_scaling.scale,
                         'skipped_steps': self.skipped_steps})
 
