@@ -40,7 +40,7 @@ from ada_loss.formats import get_format
 from ada_loss.experiment.data import DATASETS
 from ada_loss.experiment.models import MODEL_HELP, check_model_name
 from ada_loss.scaling import parse_mode
-from ada_loss.training.precision import PRECISION_HELP, parse_precision
+from ada_loss.precision import PRECISION_HELP, parse_precision
 
 
 class ConfigError(ValueError):

@@ -37,7 +37,7 @@ from chainer.training import extensions as E
 
 from ada_loss import atomic
 from ada_loss.experiment import runinfo as R
-from ada_loss.scaling import NonFiniteGradientError
+from ada_loss.errors import NonFiniteGradientError
 from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training import extensions as AE
 from ada_loss.training.random_states import RandomStates, SerialIterator

@@ -146,3 +146,14 @@ def test_help_config_lists_schema(capsys):
     assert main(['--config', 'x.yaml', '--help-config']) == 0
     text = capsys.readouterr().out
     assert 'train.warmup_iterations' in text and 'grid.fixed_scales' in text
+
+
+def test_bad_precision_in_config_fails_before_running():
+    with pytest.raises(C.ConfigError, match='train.precision'):
+        load(train={'precision': 'fp9'})
+    with pytest.raises(C.ConfigError, match='grid.precisions'):
+        load(grid={'precisions': ['bf16', 'e9m2']})
+    # a fixed scale above the gradient format's largest value (448)
+    with pytest.raises(C.ConfigError, match='largest value 448'):
+        load(grid={'modes': ['fixed:1024']},
+             train={'precision': 'fp8_e4m3'})

@@ -21,7 +21,6 @@ import pytest
 
 from ada_loss import links as AL
 from ada_loss.datasets import get_digits
-from ada_loss.experiment import config as C
 from ada_loss.formats import get_format
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.models import SmallCNN
@@ -56,17 +55,6 @@ def test_parse_precision(text, fwd, bwd, storage):
 def test_bad_precision(bad, needle):
     with pytest.raises(ValueError, match=needle):
         parse_precision(bad)
-
-
-def test_bad_precision_in_config_fails_before_running():
-    with pytest.raises(C.ConfigError, match='train.precision'):
-        C.validate({'train': {'precision': 'fp9'}})
-    with pytest.raises(C.ConfigError, match='grid.precisions'):
-        C.validate({'grid': {'precisions': ['bf16', 'e9m2']}})
-    # a fixed scale above the gradient format's largest value (448)
-    with pytest.raises(C.ConfigError, match='largest value 448'):
-        C.validate({'grid': {'modes': ['fixed:1024']},
-                    'train': {'precision': 'fp8_e4m3'}})
 
 
 class MLP(chainer.Chain):

@@ -46,8 +46,8 @@ from ada_loss.experiment.data import dataset_info, load_datasets
 from ada_loss.experiment.models import build
 from ada_loss.experiment.runner import Study
 from ada_loss.formats import get_format
-from ada_loss.scaling import (
-    NonFiniteGradientError, make_loss_scaling, parse_mode, resolve_precision)
+from ada_loss.errors import NonFiniteGradientError
+from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt

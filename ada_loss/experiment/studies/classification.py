@@ -49,7 +49,7 @@ from ada_loss.loss_scale.dynamic import describe_styles
 from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
-from ada_loss.training.precision import PRECISION_HELP
+from ada_loss.precision import PRECISION_HELP
 from ada_loss.training.triggers import StopAt
 
 #: column order of the paper's Table 1

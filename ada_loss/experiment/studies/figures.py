@@ -50,7 +50,7 @@ from ada_loss.experiment import trainer as TR
 from ada_loss.experiment.config import setting
 from ada_loss.experiment.runner import Study
 from ada_loss.models import build_model
-from ada_loss.scaling import NonFiniteGradientError
+from ada_loss.errors import NonFiniteGradientError
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.scaling import resolve_precision
 from ada_loss.training import Classifier
