@@ -6,6 +6,7 @@ the input gradient of a convolution is a deconvolution of gy, and that of a
 deconvolution a convolution of gy (as in Chainer).
 """
 from chainer.functions.connection import convolution_2d as _conv
+import numpy
 from chainer.functions.connection import deconvolution_2d as _deconv
 from chainer.utils import argument
 
@@ -30,6 +31,16 @@ class Convolution2DGradW(ScaledOutput, _conv.Convolution2DGradW):
 
     def result_dtype(self, inputs):
         return self.W_dtype
+
+    def forward_accumulator(self, inputs):
+        # Chainer's node with a float32 W: the accumulator, not yet rounded
+        # to float16 (which could overflow before fit_output scales it)
+        wide = _conv.Convolution2DGradW(
+            self, self.W_shape, numpy.promote_types(inputs[0].dtype,
+                                                    inputs[1].dtype),
+            self.w_layout)
+        self.retain_inputs((0, 1))    # for double backprop, as Chainer's
+        return wide.forward(inputs)
 
 
 class Convolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,

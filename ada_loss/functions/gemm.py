@@ -88,6 +88,20 @@ class ScaledOutput(object):
         """The dtype Chainer's node gives its output for ``inputs`` (x's)."""
         return inputs[0].dtype
 
+    def forward_accumulator(self, inputs):
+        """Chainer's forward on widened inputs, giving the FP32 (or FP64)
+        accumulator. Nodes whose Chainer forward casts the result to a
+        stored dtype (the weight gradients: W's) override it so that the
+        scale and the one rounding apply to the accumulator itself."""
+        return super(ScaledOutput, self).forward(inputs)
+
+    def backward(self, indexes, grad_outputs):
+        # The node computes output_scale · f(inputs): Chainer's gradients of
+        # f, times the scale (used by double backprop only; the ⟨α, δ⟩
+        # backward does not differentiate its gradient GEMMs).
+        return _times(super(ScaledOutput, self).backward(
+            indexes, grad_outputs), self.output_scale)
+
     def _fit(self, y, u_max):
         scale = self.output_scale
         if self.fit_output:
@@ -110,7 +124,7 @@ class ScaledOutput(object):
                 for y in ys)
         if emulates_fp16_gemm(inputs):
             dtype = self.result_dtype(inputs)
-            ys = super(ScaledOutput, self).forward(_widened(inputs))
+            ys = self.forward_accumulator(_widened(inputs))
             if dtype == numpy.float16:
                 return tuple(round_to(y, dtype, self._fit(y, _FP16_MAX))
                              for y in ys)
@@ -132,6 +146,13 @@ class ScaledOutput(object):
 
 #: The former name of :class:`ScaledOutput`.
 FP16Emulation = ScaledOutput
+
+
+def _times(grads, scale):
+    """Gradient Variables times a power-of-two number ``scale``."""
+    if is_device_scalar(scale) or scale == 1:
+        return grads
+    return tuple(None if g is None else g * scale for g in grads)
 
 
 def round_to_format(y, fmt, scale=1):
@@ -188,10 +209,8 @@ class BiasGrad(function_node.FunctionNode):
         ggb, = grad_outputs
         shape = [1] * len(self._shape)
         shape[1] = -1   # the channel axis (1 for Linear and convolutions)
-        g = chainer.functions.broadcast_to(ggb.reshape(shape), self._shape)
-        if not is_device_scalar(self.scale) and self.scale != 1:
-            g = g * self.scale
-        return g,
+        return _times((chainer.functions.broadcast_to(
+            ggb.reshape(shape), self._shape),), self.scale)
 
 
 def bias_grad(gy, axis, out_format=None, scale=1):
@@ -263,7 +282,10 @@ class GemmFunction(object):
         return max(grad_input_gain(x, axes), gy.size // gy.shape[1])
 
     def backward(self, indexes, grad_outputs):
-        return self.backward_scaled(indexes, grad_outputs).grads
+        # A convolution node serving as a deconvolution's input-gradient GEMM
+        # (and vice versa) has an output_scale: see ScaledOutput.backward.
+        return _times(self.backward_scaled(indexes, grad_outputs).grads,
+                      getattr(self, 'output_scale', 1))
 
     def backward_scaled(self, indexes, grad_outputs, input_scale=1,
                         weight_scale=1, fit_weight_grad=False):

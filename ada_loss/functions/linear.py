@@ -1,6 +1,7 @@
 """Linear layer GEMM, y = x W^T + b (chainer.functions.linear)."""
 from chainer.functions.connection import linear as _linear
 from chainer import utils
+import numpy
 
 from ada_loss.functions.add import GradAccumulation
 from ada_loss.functions.gemm import GemmFunction, ScaledOutput
@@ -30,6 +31,14 @@ class LinearGradWeight(ScaledOutput, _linear.LinearGradWeight):
 
     def result_dtype(self, inputs):
         return self._w_dtype
+
+    def forward_accumulator(self, inputs):
+        # Chainer's node with a float32 W: the accumulator, not yet rounded
+        # to float16 (which could overflow before fit_output scales it)
+        wide = _linear.LinearGradWeight(numpy.promote_types(
+            inputs[0].dtype, inputs[1].dtype))
+        self.retain_inputs((0, 1))    # for double backprop, as Chainer's
+        return wide.forward(inputs)
 
 
 class LinearFunction(GradAccumulation, GemmFunction, ScaledOutput,
