@@ -144,10 +144,6 @@ class ScaledOutput(object):
         return super(ScaledOutput, self).forward(inputs)
 
 
-#: The former name of :class:`ScaledOutput`.
-FP16Emulation = ScaledOutput
-
-
 def _times(grads, scale):
     """Gradient Variables times a power-of-two number ``scale``."""
     if is_device_scalar(scale) or scale == 1:
