@@ -106,23 +106,24 @@ class Deconvolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
             out_format = formats[0]
         self._init_output(output_scale, out_format)
 
-    def _cover_all(self, x, W):
-        """Chainer's cover_all of the convolution this one transposes."""
+    def forward(self, inputs):
+        ys = super(Deconvolution2DFunction, self).forward(inputs)
+        # cover_all of the convolution this one transposes, from the output
+        # size the forward found (Chainer computes it lazily in backward)
         if self.cover_all is None:
-            self._set_cover_all(x.shape, W.shape)
-        return self.cover_all
+            self._set_cover_all(inputs[0].shape, inputs[1].shape)
+        return ys
 
     def grad_input(self, x, W, gy, scale=1):
         gx, = Convolution2DFunction(
             stride=(self.sy, self.sx), pad=(self.ph, self.pw),
-            cover_all=self._cover_all(x, W), dilate=(self.dy, self.dx),
+            cover_all=self.cover_all, dilate=(self.dy, self.dx),
             groups=self.groups, output_scale=scale,
             out_format=self.grad_format).apply((gy, W))
         return gx
 
     def grad_weight(self, x, W, gy, scale=1, fit=False):
         """(gW, the scale gW was produced at)."""
-        self._cover_all(x, W)
         node = Convolution2DGradW(self, W.shape, W.dtype, W.layout, scale,
                                   self.grad_format, fit, scaled_input=0)
         gW, = node.apply((gy, x))
