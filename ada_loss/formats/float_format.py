@@ -66,6 +66,10 @@ when installed, as the faster implementation of a cast where it is faster.
 import re
 
 import numpy
+try:
+    import ml_dtypes     # optional: the bit-level path needs NumPy only
+except ImportError:
+    ml_dtypes = None
 
 from ada_loss.formats import quantize as _q
 
@@ -192,11 +196,7 @@ class FloatFormat(object):
 
 
 def _ml(name):
-    try:
-        import ml_dtypes
-    except ImportError:   # optional: the bit-level path needs NumPy only
-        return None
-    return getattr(ml_dtypes, name)
+    return None if ml_dtypes is None else getattr(ml_dtypes, name)
 
 
 def _ieee(e, m):
