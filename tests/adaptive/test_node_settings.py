@@ -68,3 +68,30 @@ def test_no_node_attribute_is_set_by_the_backward(dtype):
     assert any(b != 1 for b in hook.betas.values())
     # non-GEMM nodes get Chainer's plain call
     assert 'ReLU' in hook.plain
+
+
+def test_overflowing_fp16_weight_gradient_is_fitted_not_inf():
+    """Emulated FP16: at α = 2^15 a Linear's gW = α·Σ_batch x overflows
+    65504; it is produced at a lower power of two, which its parameter
+    carries (``_loss_scale``), so the unscaled gradient is finite and right.
+    (Before the fix the FP32 accumulator was rounded to FP16 first and the
+    overflow stayed inf.)"""
+    with chainer.using_config('dtype', numpy.float16):
+        lin = L.Linear(4, 3)
+    model = chainer.Sequential(lin)
+    x = numpy.random.RandomState(2).uniform(5, 10, (8, 4)).astype(
+        numpy.float16)
+    with contextlib.redirect_stdout(io.StringIO()):
+        ada = ada_loss.AdaLossScaled(model, init_scale=2.0 ** 15)
+    model.cleargrads()
+    ada.backward(F.sum(F.cast(model(x), numpy.float32)))
+    alpha = lin.W._loss_scale
+    assert alpha < 2.0 ** 15
+    assert numpy.isfinite(lin.W.grad).all() and numpy.isfinite(
+        lin.b.grad).all()
+    want = numpy.tile(x.astype(numpy.float64).sum(axis=0), (3, 1))
+    numpy.testing.assert_allclose(lin.W.grad.astype(numpy.float64) / alpha,
+                                  want, rtol=2.0 ** -10)
+    assert lin.b._loss_scale == alpha
+    numpy.testing.assert_array_equal(lin.b.grad.astype(numpy.float64) / alpha,
+                                     numpy.full(3, 8.0))
