@@ -131,7 +131,8 @@ class AdaLossScaled(object):
         if self.max_accum_scale is None:
             return beta
         if is_device_scalar(alpha) or is_device_scalar(beta):
-            return device_kernels().cap_accum(beta, alpha, self.max_accum_scale)
+            return device_kernels().cap_accum(
+                beta, alpha, self.max_accum_scale)
         if alpha * beta > self.max_accum_scale:
             beta = round_down_pow2(self.max_accum_scale / alpha)
         return beta

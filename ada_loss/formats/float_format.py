@@ -93,10 +93,11 @@ _CANONICAL = {
 }
 _EXPLICIT = ('float32', 'float16', 'bfloat16', 'fp8_e4m3', 'fp8_e5m2',
              'fp6_e3m2', 'fp6_e2m3', 'fp4_e2m1')
-_ACCEPTED = ', '.join(ML_DTYPES_NAMES) + ' (ml_dtypes\' names); ' + \
-    ', '.join(_EXPLICIT[3:]) + ' (aliases of the float8/6/4 *fn and ' \
-    'float8_e5m2 types); or e<E>m<M> with E in 2..8 and M in 0..23 ' \
-    '(IEEE-style, e.g. e5m2, e4m3 = float8_e4m3, e3m0)'
+_ACCEPTED = ', '.join(_EXPLICIT) + ', or e<E>m<M> with E in 2..8 and M in ' \
+    '0..23 (IEEE-style, e.g. e5m2, e4m3, e3m0); or ml_dtypes\' names of the ' \
+    'same formats: ' + ', '.join(
+        '{} (= {})'.format(ml, ours) for ml, ours in ML_DTYPES_NAMES.items()
+        if ml != ours)
 
 
 class FloatFormat(object):

@@ -66,7 +66,8 @@ class LinearFunction(GradAccumulation, GemmFunction, ScaledOutput,
 
 
 def linear(x, W, b=None, n_batch_axes=1, scale_key=None, formats=None):
-    """Same as :func:`chainer.functions.linear`, through :class:`LinearFunction`.
+    """Same as :func:`chainer.functions.linear`, through
+    :class:`LinearFunction`.
 
     ``scale_key`` names the layer (for layer-wise loss scales); ``formats``
     is the (forward, backward) format pair of an emulated precision.

@@ -366,7 +366,8 @@ def test_functions_match_chainer(name, f, ref, xs, ws, bs):
 @pytest.mark.parametrize('name, f, ref, xs, ws, bs', FUNCS,
                          ids=[c[0] for c in FUNCS])
 def test_grad_input_scale_scales_gx_only(name, f, ref, xs, ws, bs):
-    """β (``input_scale`` of GemmFunction.backward_scaled, a power of two) multiplies gx
+    """β (``input_scale`` of GemmFunction.backward_scaled, a power of two)
+    multiplies gx
     exactly and leaves gW and gb alone (float32 and emulated FP16)."""
     rs = numpy.random.RandomState(13)
     args32 = [rs.standard_normal(s).astype(F16).astype(F32)
