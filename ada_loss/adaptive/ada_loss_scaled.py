@@ -7,7 +7,7 @@ import numpy
 
 from ada_loss.adaptive.backward import ScaledBackprop
 from ada_loss.formats import get_format
-from ada_loss.functions.gemm import is_device_scalar
+from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.gemm import (
     check_bound, check_scale, gemm_loss_scale, round_down_pow2)
@@ -123,8 +123,7 @@ class AdaLossScaled(object):
 
     def _gemm_scale_on_device(self, func, W, g):
         """β as a 0-d device array (CuPy kernels, no synchronization)."""
-        from ada_loss.loss_scale import device
-        return device.gemm_loss_scale(
+        return device_kernels().gemm_loss_scale(
             W, g, self.t_uf, self.fmt, bound=self.bound,
             axes=func.grad_input_axes, max_scale=self.max_layer_scale)
 
@@ -132,8 +131,8 @@ class AdaLossScaled(object):
         if self.max_accum_scale is None:
             return beta
         if is_device_scalar(alpha) or is_device_scalar(beta):
-            from ada_loss.loss_scale import device
-            return device.cap_accum(beta, alpha, self.max_accum_scale)
+            return device_kernels().cap_accum(
+                beta, alpha, self.max_accum_scale)
         if alpha * beta > self.max_accum_scale:
             beta = round_down_pow2(self.max_accum_scale / alpha)
         return beta
@@ -182,8 +181,7 @@ class AdaLossScaled(object):
         keys = list(self._records)
         values = [self._records[k][which] for k in keys]
         if any(is_device_scalar(v) for v in values):
-            from ada_loss.loss_scale import device
-            values = device.to_floats(values)
+            values = device_kernels().to_floats(values)
         return collections.OrderedDict(zip(keys, values))
 
     def serialize(self, serializer):
@@ -199,6 +197,5 @@ class AdaLossScaled(object):
             serializer('beta_keys', '\n'.join(keys))
             values = [self._betas[k] for k in keys]
             if any(is_device_scalar(v) for v in values):
-                from ada_loss.loss_scale import device
-                values = device.to_floats(values)
+                values = device_kernels().to_floats(values)
             serializer('beta_values', numpy.array(values, dtype=numpy.float64))

@@ -36,7 +36,8 @@ from chainer.functions.connection import linear as _c_linear
 from chainer.functions.math import matmul as _c_matmul
 
 from ada_loss.formats.widen import widen
-from ada_loss.functions.gemm import GemmFunction, is_device_scalar
+from ada_loss.functions.gemm import GemmFunction
+from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.loss_scale.branch import common_scale
 from ada_loss.loss_scale.gemm import max_abs
 
@@ -62,7 +63,7 @@ def _common_scale(scales, grads, u_max):
     ``scales``: ``(α, [α/α_k])``, on the device when any scale is a device
     scalar (no host synchronization), else in Python."""
     if any(_on_device(a) for a in scales):
-        from ada_loss.loss_scale import device
+        device = device_kernels()
         return device.common_scale(
             scales, [device.max_abs(g.array) for g in grads], u_max)
     alpha = common_scale(scales, lambda k: _max_abs(grads[k]), u_max)
@@ -72,7 +73,7 @@ def _common_scale(scales, grads, u_max):
 def _sum_on_device(arrays, ratios):
     """Σ ratio_k · array_k as rescaling then a left fold of ``F.add`` would
     give it, each addition fused with its rescaling (one pass each)."""
-    from ada_loss.loss_scale import device
+    device = device_kernels()
     total = device.rescale_add(arrays[0], ratios[0], arrays[1], ratios[1])
     for a, r in zip(arrays[2:], ratios[2:]):
         total = device.rescale_add(total, 1.0, a, r)
@@ -89,8 +90,7 @@ def _scale_product(a, b):
 def _rescale(v, ratio):
     """``ratio · v`` for a power-of-two ``ratio``: exact up to underflow."""
     if _on_device(ratio):
-        from ada_loss.loss_scale import device
-        return chainer.Variable(device.rescale(v.array, ratio),
+        return chainer.Variable(device_kernels().rescale(v.array, ratio),
                                 requires_grad=False)
     if ratio == 1:
         return v
@@ -168,8 +168,7 @@ class ScaledBackprop(object):
             gy = chainer.Variable(xp.ones_like(loss.array), requires_grad=False)
         if not isinstance(gy.array, numpy.ndarray):
             # On a device every α and β stays there: 0-d float64 arrays.
-            from ada_loss.loss_scale import device
-            init_scale = device.scalar(float(init_scale))
+            init_scale = device_kernels().scalar(float(init_scale))
         gy = _rescale(gy, init_scale)
         loss.grad_var = None
 
@@ -242,19 +241,16 @@ class ScaledBackprop(object):
             # statistics of Algorithm 4 see the stored values.
             out_grad = (func.quantize_grad_output(out_grad[0]),) \
                 + out_grad[1:]
-            beta = 1.0
+            beta = gamma = 1.0
             if 0 in targets:
                 beta = self.gemm_scale(func, func.gemm_weight(),
                                        out_grad[0].array, alpha)
-            func.grad_input_scale = beta
             in_scales[0] = _scale_product(alpha, beta)
             if self.weight_scale is not None and any(
                     i in targets for i in (1, 2)):
                 x = func.get_retained_inputs()[0].array
                 gamma = self.weight_scale(func, func.gemm_weight(), x,
                                           out_grad[0].array, alpha)
-                func.grad_weight_scale = gamma
-            func.fit_weight_grad = True
             self.gemm_records[func.scale_key] = (alpha, beta)
         elif isinstance(func, FOREIGN_GEMMS):
             self.foreign_gemms.append('{} {}'.format(
@@ -269,19 +265,22 @@ class ScaledBackprop(object):
         in_data = tuple(x.data for x in inputs)
         out_arrays = tuple(None if g is None else g.array for g in out_grad)
         for hook in hooks:
-            hook.backward_preprocess(func, in_data, out_arrays)
-        try:
-            gxs = func.backward(targets, out_grad)
-        finally:
-            if is_gemm:
-                func.grad_input_scale = func.grad_weight_scale = 1
-                func.fit_weight_grad = False
+            if is_gemm and hasattr(hook, 'scaled_backward_preprocess'):
+                hook.scaled_backward_preprocess(func, in_data, out_arrays,
+                                                beta)
+            else:
+                hook.backward_preprocess(func, in_data, out_arrays)
         if is_gemm:
-            # Weight and bias gradients are produced at α·γ (γ ≤ 1: the amax
-            # rule's, times the power of two that fits an overflowing
-            # weight gradient into the format); their leaves carry it.
+            # β scales the input gradient, γ the weight and bias gradients;
+            # an overflowing weight gradient is fitted into the format and
+            # the scale it got comes back with it (its leaf carries it).
+            gxs, weight_grad_scale = func.backward_scaled(
+                targets, out_grad, input_scale=beta, weight_scale=gamma,
+                fit_weight_grad=True)
             for i in range(1, len(inputs)):
-                in_scales[i] = _scale_product(alpha, func.weight_grad_scale)
+                in_scales[i] = _scale_product(alpha, weight_grad_scale)
+        else:
+            gxs = func.backward(targets, out_grad)
         for hook in hooks:
             hook.backward_postprocess(func, in_data, out_arrays)
         if is_gemm and self.observe is not None:

@@ -8,7 +8,43 @@ testable bit for bit against plain backprop, and storing FP32 values rounded to
 a format (:meth:`FloatFormat.quantize`) is how formats without a NumPy dtype
 (bfloat16, FP8, any (exp, man) split as in APS, seed 004) are emulated.
 
-Names accepted by :func:`get_format`:
+Names accepted by :func:`get_format`. The canonical names are ml_dtypes'
+(the NumPy extension types of JAX/XLA), whose suffixes say what a format
+does at its edges: ``fn`` = finite only, no infinities (E4M3: the top code
+is NaN, so an overflowing cast gives NaN; FP6/FP4: no NaN either, overflow
+saturates). So ``float8_e4m3fn`` (OCP, max 448) and ``float8_e4m3``
+(IEEE-style, max 240) cannot be confused:
+
+======================  ================  =================================
+canonical (ml_dtypes)   also accepted     the format
+======================  ================  =================================
+``float32``             ``e8m23``         IEEE binary32
+``float16``             ``e5m10``         IEEE binary16
+``bfloat16``            ``e8m7``          e8m7, IEEE-style
+``float8_e4m3fn``       ``fp8_e4m3``      OCP FP8 E4M3: no Inf, max 448,
+                                          overflow → NaN
+``float8_e5m2``         ``fp8_e5m2``      OCP FP8 E5M2: IEEE-style, max
+                                          57344, overflow → Inf
+``float8_e4m3``         ``e4m3``          IEEE-style E4M3, max 240, Inf
+``float8_e3m4``         ``e3m4``          IEEE-style E3M4, max 15.5, Inf
+``float6_e3m2fn``       ``fp6_e3m2``      OCP MX FP6 (max 28), saturates
+``float6_e2m3fn``       ``fp6_e2m3``      OCP MX FP6 (max 7.5), saturates
+``float4_e2m1fn``       ``fp4_e2m1``      OCP MX FP4 (max 6), saturates
+======================  ================  =================================
+
+A canonical name and its alias give the same :class:`FloatFormat` object,
+whose ``name`` is the project's historical one (``fp8_e4m3``, ``e4m3``, ...:
+configs, run folders and result tables keep their labels) and whose
+:attr:`FloatFormat.canonical_name` is ml_dtypes'. ``e5m2`` (the APS
+studies' name) is its own object with the numerics of ``float8_e5m2``.
+The saturating formats keep NaN as NaN in the FP32 storage.
+
+Besides, ``e<E>m<M>`` names any IEEE-style format with E exponent bits
+(2..8) and M mantissa bits (0..23): bias 2^(E-1) − 1, subnormals, Inf and
+NaN (``e5m2``, ``e4m3``, ``e3m0``, ...). ml_dtypes' ``*fnuz`` and ``e8m0``
+types (other biases and NaN encodings) are not formats here.
+
+The historical table, for reference:
 
 ==============  =============================================================
 ``float32``     IEEE binary32 (e8m23)
@@ -30,15 +66,38 @@ when installed, as the faster implementation of a cast where it is faster.
 import re
 
 import numpy
+try:
+    import ml_dtypes     # optional: the bit-level path needs NumPy only
+except ImportError:
+    ml_dtypes = None
 
 from ada_loss.formats import quantize as _q
 
 OVERFLOW_POLICIES = ('inf', 'nan', 'saturate')
 
+#: ml_dtypes' name -> the project's name of the same format
+ML_DTYPES_NAMES = {
+    'float32': 'float32', 'float16': 'float16', 'bfloat16': 'bfloat16',
+    'float8_e4m3fn': 'fp8_e4m3', 'float8_e5m2': 'fp8_e5m2',
+    'float8_e4m3': 'e4m3', 'float8_e3m4': 'e3m4',
+    'float6_e3m2fn': 'fp6_e3m2', 'float6_e2m3fn': 'fp6_e2m3',
+    'float4_e2m1fn': 'fp4_e2m1',
+}
+#: (E, M, overflow) -> ml_dtypes' name
+_CANONICAL = {
+    (8, 23, 'inf'): 'float32', (5, 10, 'inf'): 'float16',
+    (8, 7, 'inf'): 'bfloat16', (4, 3, 'nan'): 'float8_e4m3fn',
+    (5, 2, 'inf'): 'float8_e5m2', (4, 3, 'inf'): 'float8_e4m3',
+    (3, 4, 'inf'): 'float8_e3m4', (3, 2, 'saturate'): 'float6_e3m2fn',
+    (2, 3, 'saturate'): 'float6_e2m3fn', (2, 1, 'saturate'): 'float4_e2m1fn',
+}
 _EXPLICIT = ('float32', 'float16', 'bfloat16', 'fp8_e4m3', 'fp8_e5m2',
              'fp6_e3m2', 'fp6_e2m3', 'fp4_e2m1')
 _ACCEPTED = ', '.join(_EXPLICIT) + ', or e<E>m<M> with E in 2..8 and M in ' \
-    '0..23 (IEEE-style, e.g. e5m2, e4m3, e3m0)'
+    '0..23 (IEEE-style, e.g. e5m2, e4m3, e3m0); or ml_dtypes\' names of the ' \
+    'same formats: ' + ', '.join(
+        '{} (= {})'.format(ml, ours) for ml, ours in ML_DTYPES_NAMES.items()
+        if ml != ours)
 
 
 class FloatFormat(object):
@@ -91,6 +150,13 @@ class FloatFormat(object):
         return self.overflow == 'saturate'
 
     @property
+    def canonical_name(self):
+        """ml_dtypes' name of this format (``'float8_e4m3fn'``, ...), or
+        :attr:`name` for a format ml_dtypes does not have (``e3m0``)."""
+        return _CANONICAL.get((self.exp_bits, self.man_bits, self.overflow),
+                              self.name)
+
+    @property
     def is_float32(self):
         return self.exp_bits == 8 and self.man_bits == 23
 
@@ -131,11 +197,7 @@ class FloatFormat(object):
 
 
 def _ml(name):
-    try:
-        import ml_dtypes
-    except ImportError:   # optional: the bit-level path needs NumPy only
-        return None
-    return getattr(ml_dtypes, name)
+    return None if ml_dtypes is None else getattr(ml_dtypes, name)
 
 
 def _ieee(e, m):
@@ -188,8 +250,10 @@ _CACHE = {}
 
 
 def get_format(fmt):
-    """The :class:`FloatFormat` named ``fmt`` (a name, a NumPy float16/float32
-    dtype, or a FloatFormat, returned as is).
+    """The :class:`FloatFormat` named ``fmt`` (a name of the module
+    docstring's table — ml_dtypes' canonical one or its alias, the same
+    object — a NumPy float16/float32 dtype, or a FloatFormat, returned as
+    is).
 
     Raises:
         ValueError: an unknown name or an impossible (E, M), listing what is
@@ -205,7 +269,7 @@ def get_format(fmt):
                              .format(fmt, _ACCEPTED))
     key = fmt.strip().lower()
     if key not in _CACHE:
-        f = _make(key)
+        f = _make(ML_DTYPES_NAMES.get(key, key))
         if f is None:
             raise ValueError('unknown floating-point format {!r}; expected {}'
                              .format(fmt, _ACCEPTED))

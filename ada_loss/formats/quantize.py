@@ -49,7 +49,9 @@ _NAN_BITS = 0x7FC00000
 _ML_FASTER = ('bfloat16',)
 
 
-def _xp(a):
+def array_module(a):
+    """``numpy`` or ``cupy``, whichever ``a`` belongs to (NumPy when CuPy,
+    an optional dependency, is not installed)."""
     try:
         import cupy
     except ImportError:
@@ -76,7 +78,7 @@ class BitRounder(object):
 
     def round(self, x, rng=None):
         """Round-to-nearest-even (``rng`` None) or stochastic rounding."""
-        xp = _xp(x)
+        xp = array_module(x)
         bits = x.view(_U32)
         sign = bits & _U32(_SIGN)
         mag = bits & _U32(_ABS)
@@ -131,7 +133,7 @@ class MagicRounder(object):
         return man_bits >= 1 and emax + 24 - man_bits < 128
 
     def round(self, x):
-        xp = _xp(x)
+        xp = array_module(x)
         c = xp.abs(x)
         over = c >= self.threshold if self.tie_overflows else \
             c > self.threshold
@@ -240,10 +242,10 @@ def quantize(fmt, x, rounding='nearest', rng=None):
         if fmt.is_float32:
             return x.copy()
         return fmt._rounder.round(numpy.ascontiguousarray(x)
-                                  if _xp(x) is numpy else x, rng)
+                                  if array_module(x) is numpy else x, rng)
     if fmt.is_float32:
         return x.copy()
-    xp = _xp(x)
+    xp = array_module(x)
     if xp is not numpy:
         return _round_nearest_cupy(fmt._rounder, x)
     if xp is numpy and fmt.name in _ML_FASTER and fmt.ml_dtype is not None:

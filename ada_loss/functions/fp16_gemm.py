@@ -15,11 +15,11 @@ The mode is the Chainer configuration key ``fp16_gemm``:
 CuPy arrays always use the native FP16 GEMM of cuBLAS/cuDNN.
 """
 import chainer
-from chainer.backends import cuda
 import numpy
 
 from ada_loss.formats.narrow import narrow
 from ada_loss.formats.widen import widen  # NOQA (re-exported)
+from ada_loss.functions.scales import scaled
 
 FP16_GEMM_MODES = ('emulated', 'native')
 
@@ -52,11 +52,7 @@ def round_to(y, dtype, scale=1):
     :func:`ada_loss.formats.narrow`: NumPy's cast bit for bit, without its
     slow path for subnormal results (gradients have many).
     """
-    if isinstance(scale, cuda.ndarray):     # kept on the device
-        from ada_loss.loss_scale import device
-        y = device.rescale(y, scale)
-    elif scale != 1:
-        y = y * numpy.float32(scale)
+    y = scaled(y, scale)    # on the device for a device scalar
     if (isinstance(y, numpy.ndarray) and y.dtype == numpy.float32
             and numpy.dtype(dtype) == numpy.float16):
         return narrow(y)

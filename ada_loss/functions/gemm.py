@@ -1,51 +1,106 @@
 """Shared machinery of the GEMM function nodes.
 
 Two mixins over Chainer's own GEMM kernels (so no convolution is re-implemented
-here):
+here). As in Chainer, a node's settings are its constructor arguments; nothing
+is set on a node after it is built.
 
-* :class:`FP16Emulation` runs a node's forward in FP32 on widened FP16 inputs
-  and rounds the result to FP16 (the tensor-core numerics); on float32 arrays
+* :class:`ScaledOutput` runs a node's forward in FP32 on widened FP16 inputs
+  and rounds the result once (the tensor-core numerics); on float32 arrays
   with an ``out_format`` (an emulated precision: bfloat16, FP8, any e<E>m<M>)
-  it rounds the FP32 result to that format instead; and it applies an
-  ``output_scale`` (a power of two) that a layer-wise loss scale needs.
+  it rounds the FP32 result to that format instead; and it multiplies the
+  result by the ``output_scale`` (a power of two) that a layer-wise loss
+  scale needs (paper §3.1: β·g enters the GEMM, Algorithm 3).
 * :class:`GemmFunction` marks the forward GEMM of a layer: it knows its weight,
-  and its backward computes the input gradient scaled by ``grad_input_scale``
-  (β of Algorithm 3) while the weight and bias gradients keep the incoming
-  scale α.
+  and :meth:`GemmFunction.backward_scaled` computes the input gradient at the
+  layer-wise scale β (Algorithm 3) and the weight and bias gradients at the
+  incoming scale α (times γ ≤ 1 where they would overflow), returning the
+  gradients and the scale they were produced at.
+
+Dtypes follow Chainer's contract: a GEMM's output has x's dtype, and each
+gradient has the dtype of its own input, whatever the mix of float16,
+float32 and float64 inputs.
 """
+import collections
+
 import numpy
 
 import chainer
-from chainer import backend
-from chainer.backends import cuda
 from chainer import function_node
 
 from ada_loss.formats.widen import widen
-from ada_loss.loss_scale.gemm import grad_input_gain
 from ada_loss.functions.fp16_gemm import emulates_fp16_gemm, round_to
+from ada_loss.functions.scales import (  # NOQA (is_device_scalar re-exported)
+    is_device_scalar, scaled)
+from ada_loss.loss_scale.gemm import grad_input_gain
+
+#: largest finite float16
+_FP16_MAX = 65504.0
 
 
-class FP16Emulation(object):
-    """Mixin: FP32-accumulated forward for FP16 NumPy inputs.
+def _widened(inputs):
+    """The inputs with float16 NumPy arrays widened (exactly) to float32, or
+    to float64 where another input is float64, so that the GEMM accumulates
+    in the precision NumPy itself would promote the mixed inputs to."""
+    wide64 = any(a is not None and a.dtype == numpy.float64 for a in inputs)
 
-    Attributes:
-        output_scale: power-of-two factor applied to the result. Emulated, it
-            multiplies the FP32 accumulator before rounding; otherwise it
-            pre-scales the input ``scaled_input`` (the node must be linear in
-            that input: only gradient GEMMs, which have no bias, use it).
+    def up(a):
+        if a is None or a.dtype != numpy.float16:
+            return a
+        return a.astype(numpy.float64) if wide64 else widen(a)
+    return tuple(up(a) for a in inputs)
+
+
+class ScaledOutput(object):
+    """Mixin of a GEMM ``FunctionNode``: scaled, rounded forward.
+
+    Settings (constructor arguments of each node, see :meth:`_init_output`):
+
+    * ``output_scale``: power-of-two factor applied to the result. Emulated
+      (FP16 or a format) it multiplies the FP32 accumulator before rounding;
+      otherwise it pre-scales the input ``scaled_input`` (the node must be
+      linear in that input: only gradient GEMMs, which have no bias, use it).
+    * ``out_format``: FloatFormat the FP32 result is rounded to (emulated
+      precisions), or None.
+    * ``fit_output``: if True, an accumulator that would overflow the output
+      format is first scaled down by the power of two that fits it
+      (per-tensor "current" scaling of the output, exact). Used for weight
+      gradients in the ⟨α, δ⟩ backward, whose leaves carry their own scale.
+
+    Result: ``applied_scale``, set by the forward, is the scale the output
+    was produced at (``output_scale`` times the fitting factor).
     """
 
     output_scale = 1
     scaled_input = 0
-    #: FloatFormat the FP32 result is rounded to (emulated precisions), or None
     out_format = None
-    #: if True, an accumulator that would overflow the output format is
-    #: first scaled down by the power of two that fits it (per-tensor
-    #: "current" scaling of the output, exact); ``applied_scale`` is then
-    #: output_scale times that factor. Used for weight gradients in the
-    #: ⟨α, δ⟩ backward, whose leaves carry their own scale.
     fit_output = False
     applied_scale = None
+
+    def _init_output(self, output_scale=1, out_format=None, fit_output=False,
+                     scaled_input=None):
+        self.output_scale = output_scale
+        self.out_format = out_format
+        self.fit_output = bool(fit_output)
+        if scaled_input is not None:
+            self.scaled_input = scaled_input
+
+    def result_dtype(self, inputs):
+        """The dtype Chainer's node gives its output for ``inputs`` (x's)."""
+        return inputs[0].dtype
+
+    def forward_accumulator(self, inputs):
+        """Chainer's forward on widened inputs, giving the FP32 (or FP64)
+        accumulator. Nodes whose Chainer forward casts the result to a
+        stored dtype (the weight gradients: W's) override it so that the
+        scale and the one rounding apply to the accumulator itself."""
+        return super(ScaledOutput, self).forward(inputs)
+
+    def backward(self, indexes, grad_outputs):
+        # The node computes output_scale · f(inputs): Chainer's gradients of
+        # f, times the scale (used by double backprop only; the ⟨α, δ⟩
+        # backward does not differentiate its gradient GEMMs).
+        return _times(super(ScaledOutput, self).backward(
+            indexes, grad_outputs), self.output_scale)
 
     def _fit(self, y, u_max):
         scale = self.output_scale
@@ -63,52 +118,42 @@ class FP16Emulation(object):
             # rounded to the format by the caller), one rounding of the
             # scaled accumulator to the format: what hardware with FP32
             # accumulators stores.
-            ys = super(FP16Emulation, self).forward(inputs)
+            ys = super(ScaledOutput, self).forward(inputs)
             return tuple(round_to_format(
                 y, self.out_format, self._fit(y, self.out_format.u_max))
                 for y in ys)
         if emulates_fp16_gemm(inputs):
-            wide = tuple(None if a is None else widen(a) for a in inputs)
-            ys = super(FP16Emulation, self).forward(wide)
-            return tuple(round_to(y, numpy.float16, self._fit(y, 65504.0))
+            dtype = self.result_dtype(inputs)
+            ys = self.forward_accumulator(_widened(inputs))
+            if dtype == numpy.float16:
+                return tuple(round_to(y, dtype, self._fit(y, _FP16_MAX))
+                             for y in ys)
+            # Mixed dtypes with a wider result: NumPy would widen the FP16
+            # operand exactly, as done here; then Chainer's result dtype.
+            self.applied_scale = self.output_scale
+            return tuple(scaled(y, self.output_scale).astype(dtype,
+                                                             copy=False)
                          for y in ys)
         self.applied_scale = self.output_scale
-        if is_device_scalar(self.output_scale):
-            # A scale kept on the device (the ⟨α, δ⟩ backward on CuPy): one
-            # kernel, FP32 product rounded once, no host synchronization.
-            from ada_loss.loss_scale import device
+        if is_device_scalar(self.output_scale) or self.output_scale != 1:
+            # On a device: one kernel, FP32 product rounded once, no host
+            # synchronization.
             i = self.scaled_input
-            inputs = inputs[:i] + (device.rescale(inputs[i],
-                                                  self.output_scale),) \
+            inputs = inputs[:i] + (scaled(inputs[i], self.output_scale),) \
                 + inputs[i + 1:]
-        elif self.output_scale != 1:
-            i = self.scaled_input
-            a = inputs[i]
-            if a.dtype == numpy.float16:
-                # β may lie outside FP16's range (numpy.float16(2^16) is
-                # inf, numpy.float16(2^-25) is 0): multiply in FP32 and round
-                # once, which is exact wherever the product is representable.
-                a = (a.astype(numpy.float32)
-                     * numpy.float32(self.output_scale)).astype(a.dtype)
-            else:
-                a = a * a.dtype.type(self.output_scale)
-            inputs = inputs[:i] + (a,) + inputs[i + 1:]
-        return super(FP16Emulation, self).forward(inputs)
+        return super(ScaledOutput, self).forward(inputs)
 
 
-def is_device_scalar(scale):
-    """Whether a loss scale is a 0-d device array (not a Python number)."""
-    return isinstance(scale, cuda.ndarray)
+def _times(grads, scale):
+    """Gradient Variables times a power-of-two number ``scale``."""
+    if is_device_scalar(scale) or scale == 1:
+        return grads
+    return tuple(None if g is None else g * scale for g in grads)
 
 
 def round_to_format(y, fmt, scale=1):
     """``scale · y`` (FP32, a power of two: exact) rounded to ``fmt``."""
-    if is_device_scalar(scale):
-        from ada_loss.loss_scale import device
-        y = device.rescale(y, scale)
-    elif scale != 1:
-        y = y * numpy.float32(scale)
-    return fmt.quantize(y)
+    return fmt.quantize(scaled(y, scale))
 
 
 class Quantize(function_node.FunctionNode):
@@ -135,8 +180,9 @@ def quantize(x, fmt):
 
 
 class BiasGrad(function_node.FunctionNode):
-    """Bias gradient: ``gy`` summed over ``axis``, accumulated in FP32, then
-    rounded to ``out_format`` if one is given (emulated precisions)."""
+    """Bias gradient: ``scale · Σ gy`` over ``axis``, accumulated in FP32 for
+    float16, then rounded to ``out_format`` if one is given (emulated
+    precisions). Its dtype is gy's (Chainer requires b's dtype to be x's)."""
 
     def __init__(self, axis, out_format=None, scale=1):
         self.axis = axis
@@ -152,49 +198,53 @@ class BiasGrad(function_node.FunctionNode):
         if gy.dtype == numpy.float16:
             return round_to(gy.sum(axis=self.axis, dtype=numpy.float32),
                             gy.dtype, self.scale),
-        s = gy.sum(axis=self.axis)
-        if is_device_scalar(self.scale):
-            from ada_loss.loss_scale import device
-            return device.rescale(s, self.scale),
-        return s if self.scale == 1 else s * s.dtype.type(self.scale),
+        return scaled(chainer.utils.force_array(gy.sum(axis=self.axis)),
+                      self.scale),
 
     def backward(self, indexes, grad_outputs):
         ggb, = grad_outputs
         shape = [1] * len(self._shape)
         shape[1] = -1   # the channel axis (1 for Linear and convolutions)
-        return chainer.functions.broadcast_to(
-            ggb.reshape(shape), self._shape),
+        return _times((chainer.functions.broadcast_to(
+            ggb.reshape(shape), self._shape),), self.scale)
 
 
 def bias_grad(gy, axis, out_format=None, scale=1):
     return BiasGrad(axis, out_format, scale).apply((gy,))[0]
 
 
+#: What :meth:`GemmFunction.backward_scaled` returns: the gradients (one per
+#: requested input, in order) and the scale the weight and bias gradients
+#: were produced at, relative to the incoming gradient's.
+GemmGrads = collections.namedtuple('GemmGrads', ('grads', 'weight_grad_scale'))
+
+
 class GemmFunction(object):
     """Mixin of the forward node of a GEMM layer (Linear, Conv, Deconv).
 
-    ``scale_key`` names the layer (its path in the model, set by the link) so
-    that loss-scale records and the update-interval cache of adaptive loss
-    scaling are per layer. ``grad_input_scale`` is β_i of Algorithm 3: the
-    adaptive backward sets it just before calling :meth:`backward`; it scales
-    the input gradient only (a power of two, hence exact).
+    Settings (constructor arguments, see :meth:`_init_gemm`):
+
+    * ``scale_key`` names the layer (its path in the model, given by the
+      link) so that loss-scale records and the update-interval cache of
+      adaptive loss scaling are per layer;
+    * ``formats``: (forward format, backward format) of an emulated
+      precision, or None. The caller rounds x, W, b to the forward format;
+      this node rounds its output to it, and in the backward rounds the
+      incoming gradient and every gradient it produces to the backward
+      format.
+
+    :meth:`backward` is Chainer's (every scale 1); the ⟨α, δ⟩ backward calls
+    :meth:`backward_scaled` with the layer-wise scales instead.
     """
 
     scale_key = None
-    grad_input_scale = 1
-    #: γ ≤ 1 of the weight and bias gradients (a power of two; the amax
-    #: rule lowers it where they would overflow), set like grad_input_scale
-    grad_weight_scale = 1
-    #: set by the ⟨α, δ⟩ backward: fit the weight gradient into the format
-    #: (FP16Emulation.fit_output); ``weight_grad_scale`` is then the scale
-    #: the weight gradient was produced at (relative to the incoming α)
-    fit_weight_grad = False
-    weight_grad_scale = 1
-    #: (forward format, backward format) of an emulated precision, or None.
-    #: The caller rounds x, W, b to the forward format; this node rounds its
-    #: output to it, and in the backward rounds the incoming gradient and
-    #: every gradient it produces to the backward format.
     formats = None
+    #: axes of W the input-gradient GEMM sums over (see grad_input_gain)
+    grad_input_axes = None
+
+    def _init_gemm(self, scale_key=None, formats=None):
+        self.scale_key = scale_key
+        self.formats = None if formats is None else tuple(formats)
 
     @property
     def grad_format(self):
@@ -210,9 +260,6 @@ class GemmFunction(object):
         q = chainer.Variable(fmt.quantize(gy.array), requires_grad=False)
         q._ada_quantized = fmt   # idempotent: not rounded twice
         return q
-
-    #: axes of W the input-gradient GEMM sums over (see grad_input_gain)
-    grad_input_axes = None
 
     def gemm_weight(self):
         """The weight array W used by this GEMM (Algorithm 4)."""
@@ -231,34 +278,49 @@ class GemmFunction(object):
         return max(grad_input_gain(x, axes), gy.size // gy.shape[1])
 
     def backward(self, indexes, grad_outputs):
+        # A convolution node serving as a deconvolution's input-gradient GEMM
+        # (and vice versa) has an output_scale: see ScaledOutput.backward.
+        return _times(self.backward_scaled(indexes, grad_outputs).grads,
+                      getattr(self, 'output_scale', 1))
+
+    def backward_scaled(self, indexes, grad_outputs, input_scale=1,
+                        weight_scale=1, fit_weight_grad=False):
+        """The backward at layer-wise loss scales (Algorithm 3).
+
+        Args:
+            indexes, grad_outputs: as for ``FunctionNode.backward``.
+            input_scale: β, a power of two (or a 0-d device array): the
+                input gradient is the GEMM of β·gy (β multiplies the FP32
+                accumulator before rounding, which is exact and cannot
+                overflow in between).
+            weight_scale: γ ≤ 1, a power of two: the weight and bias
+                gradients are produced at γ times gy's scale.
+            fit_weight_grad: lower the weight gradient's scale further by the
+                power of two that fits it into the gradient format (FP16 or
+                the backward format) where it would overflow.
+
+        Returns:
+            GemmGrads: ``grads`` (gx, gW, gb as requested by ``indexes``,
+            each in its input's dtype) and ``weight_grad_scale``, the scale
+            gW and gb were produced at (relative to gy's).
+        """
         x, W = self.get_retained_inputs()
         gy = self.quantize_grad_output(grad_outputs[0])
         ret = []
         if 0 in indexes:
-            ret.append(self.grad_input(x, W, gy, self.grad_input_scale))
-        self.weight_grad_scale = self.grad_weight_scale
+            ret.append(self.grad_input(x, W, gy, input_scale))
+        weight_grad_scale = weight_scale
         if 1 in indexes:
-            gW, node = self.grad_weight(x, W, gy, self.grad_weight_scale,
-                                        self.fit_weight_grad)
+            gW, weight_grad_scale = self.grad_weight(
+                x, W, gy, weight_scale, fit_weight_grad)
             ret.append(gW)
-            if node.applied_scale is not None:
-                self.weight_grad_scale = node.applied_scale
         if 2 in indexes:
             # the bias gradient shares the weight gradient's scale
             ret.append(bias_grad(gy, self.bias_axis, self.grad_format,
-                                 self.weight_grad_scale))
-        return ret
+                                 weight_grad_scale))
+        return GemmGrads(tuple(ret), weight_grad_scale)
 
 
 def gemm_function_types():
     """All :class:`GemmFunction` node types."""
     return tuple(GemmFunction.__subclasses__())
-
-
-def is_cpu_fp16(*arrays):
-    return all(isinstance(a, numpy.ndarray) for a in arrays) and any(
-        a.dtype == numpy.float16 for a in arrays)
-
-
-def xp_of(*arrays):
-    return backend.get_array_module(*arrays)

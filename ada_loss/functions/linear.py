@@ -1,45 +1,77 @@
 """Linear layer GEMM, y = x W^T + b (chainer.functions.linear)."""
 from chainer.functions.connection import linear as _linear
 from chainer import utils
+import numpy
 
 from ada_loss.functions.add import GradAccumulation
-from ada_loss.functions.gemm import FP16Emulation, GemmFunction
+from ada_loss.functions.gemm import GemmFunction, ScaledOutput
 
 
-class LinearGradData(FP16Emulation, _linear.LinearGradData):
-    """gx = gy W; inputs (W, gy): the loss scale multiplies gy."""
+class LinearGradData(ScaledOutput, _linear.LinearGradData):
+    """gx = (output_scale · gy) W; inputs (W, gy); gx has gy's dtype."""
+
     scaled_input = 1
 
     def __init__(self, output_scale=1, out_format=None):
-        self.output_scale = output_scale
-        self.out_format = out_format
+        self._init_output(output_scale, out_format)
+
+    def result_dtype(self, inputs):
+        return inputs[1].dtype
 
 
-class LinearGradWeight(FP16Emulation, _linear.LinearGradWeight):
-    """gW = gy^T x, rounded to W's dtype."""
+class LinearGradWeight(ScaledOutput, _linear.LinearGradWeight):
+    """gW = (output_scale · gy)^T x; inputs (x, gy); gW has W's dtype."""
+
+    scaled_input = 1
+
+    def __init__(self, w_dtype, output_scale=1, out_format=None,
+                 fit_output=False):
+        super(LinearGradWeight, self).__init__(w_dtype)
+        self._init_output(output_scale, out_format, fit_output)
+
+    def result_dtype(self, inputs):
+        return self._w_dtype
+
+    def forward_accumulator(self, inputs):
+        # Chainer's node with a float32 W: the accumulator, not yet rounded
+        # to float16 (which could overflow before fit_output scales it)
+        wide = _linear.LinearGradWeight(numpy.promote_types(
+            inputs[0].dtype, inputs[1].dtype))
+        self.retain_inputs((0, 1))    # for double backprop, as Chainer's
+        return wide.forward(inputs)
 
 
-class LinearFunction(GradAccumulation, GemmFunction, FP16Emulation,
+class LinearFunction(GradAccumulation, GemmFunction, ScaledOutput,
                      _linear.LinearFunction):
+    """Chainer's ``LinearFunction`` with FP16 emulation, an emulated
+    precision's rounding (``formats``) and the scaled backward of
+    :class:`GemmFunction` (Algorithm 3)."""
 
     bias_axis = 0
     grad_input_axes = (0,)     # gx_j = Σ_i gy_i W_ij
 
-    def grad_input(self, x, W, gy, scale):
+    def __init__(self, scale_key=None, formats=None):
+        self._init_gemm(scale_key, formats)
+        self._init_output(out_format=None if formats is None else formats[0])
+
+    def grad_input(self, x, W, gy, scale=1):
         gx, = LinearGradData(scale, self.grad_format).apply((W, gy))
         return gx
 
     def grad_weight(self, x, W, gy, scale=1, fit=False):
-        f = LinearGradWeight(W.dtype)
-        f.output_scale, f.scaled_input = scale, 1   # inputs (x, gy)
-        f.out_format = self.grad_format
-        f.fit_output = fit
-        gW, = f.apply((x, gy))
-        return gW, f
+        """(gW, the scale gW was produced at)."""
+        node = LinearGradWeight(W.dtype, scale, self.grad_format, fit)
+        gW, = node.apply((x, gy))
+        return gW, node.applied_scale
 
 
 def linear(x, W, b=None, n_batch_axes=1, scale_key=None, formats=None):
-    """Same as :func:`chainer.functions.linear`, through :class:`LinearFunction`."""
+    """Same as :func:`chainer.functions.linear`, through
+    :class:`LinearFunction`.
+
+    ``scale_key`` names the layer (for layer-wise loss scales); ``formats``
+    is the (forward, backward) format pair of an emulated precision.
+    """
     if n_batch_axes <= 0:
         raise ValueError('n_batch_axes should be greater than 0.')
     if n_batch_axes > 1:
@@ -47,11 +79,7 @@ def linear(x, W, b=None, n_batch_axes=1, scale_key=None, formats=None):
         x = x.reshape(utils.size_of_shape(batch_shape), -1)
     elif x.ndim > 2:
         x = x.reshape(len(x), -1)
-    func = LinearFunction()
-    func.scale_key = scale_key
-    if formats is not None:
-        func.formats = formats
-        func.out_format = formats[0]
+    func = LinearFunction(scale_key=scale_key, formats=formats)
     y, = func.apply((x, W) if b is None else (x, W, b))
     if n_batch_axes > 1:
         y = y.reshape(batch_shape + (-1,))

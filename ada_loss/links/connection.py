@@ -1,4 +1,27 @@
-"""Linear, Convolution2D, Deconvolution2D (and Chainer's DilatedConvolution2D)."""
+"""Linear, Convolution2D, Deconvolution2D (and Chainer's DilatedConvolution2D).
+
+Each is its ``chainer.links`` parent with only ``forward`` changed: the same
+computation (the same arguments, Chainer 7.8.1's keyword arguments included,
+and Chainer's dtype contract) through the :mod:`ada_loss.functions` nodes.
+
+Two ways to get one:
+
+* build it (``ada_loss.links.Convolution2D(3, 16, 3)``), or
+* convert an existing Chainer link with :func:`as_gemm_link` — what
+  :class:`ada_loss.AdaLossScaled` and
+  :func:`ada_loss.training.apply_precision` do to every GEMM link of a model.
+
+Conversion is in place, by design: the link keeps its identity, so every
+reference to it (its parent Chain or ChainList, Python lists a model keeps
+of its layers, an optimizer already set up, hooks, serializers) stays
+valid, and nothing is copied. What changes is exactly the class, from a
+Chainer GEMM link type to its subclass here, which adds no state and no
+parameter: parameter objects, values and names stay, and the float32
+forward result is bit-identical. :func:`as_chainer_link` converts back.
+Only the exact Chainer types are converted (a user subclass may override
+``forward``, which the conversion would silently bypass).
+"""
+import chainer
 import chainer.links as L
 from chainer import memory_layouts
 from chainer import utils
@@ -43,6 +66,8 @@ class Convolution2D(_GemmLink, L.Convolution2D):
     :func:`ada_loss.functions.convolution_2d`."""
 
     def forward(self, x):
+        x = chainer.as_variable(x)
+        assert x.layout == self.x_layout
         if self.W.raw_array is None:
             _, c, _, _ = memory_layouts.get_semantic_shape(
                 x, assumed_layout=self.x_layout)
@@ -50,8 +75,8 @@ class Convolution2D(_GemmLink, L.Convolution2D):
         x, W, b = self._gemm_inputs(x)
         return functions.convolution_2d(
             x, W, b, self.stride, self.pad, dilate=self.dilate,
-            groups=self.groups, scale_key=self.scale_key,
-            formats=self.gemm_formats)
+            groups=self.groups, cudnn_fast=self.cudnn_fast,
+            scale_key=self.scale_key, formats=self.gemm_formats)
 
 
 class DilatedConvolution2D(_GemmLink, L.DilatedConvolution2D):
@@ -91,10 +116,12 @@ GEMM_LINK_TYPES = {
 
 
 def as_gemm_link(link):
-    """Makes ``link`` an ada_loss GEMM link in place; returns False if unknown.
+    """Converts ``link`` in place to its :mod:`ada_loss.links` type.
 
-    Only the class changes: parameters, their values and names stay, and the
-    forward result is the same in float32.
+    Returns True if ``link`` is an ada_loss GEMM link now (it was one, or it
+    was exactly one of the Chainer types of :data:`GEMM_LINK_TYPES`), False
+    for any other link (left unchanged). See the module docstring for what
+    the conversion keeps.
     """
     if isinstance(link, _GemmLink):
         return True
@@ -103,3 +130,16 @@ def as_gemm_link(link):
         return False
     link.__class__ = target
     return True
+
+
+def as_chainer_link(link):
+    """Undoes :func:`as_gemm_link`: an ada_loss GEMM link becomes its Chainer
+    parent type again, with its layer name and formats forgotten. Returns
+    True if ``link`` is a Chainer GEMM link now."""
+    for chainer_type, ours in GEMM_LINK_TYPES.items():
+        if type(link) is ours:
+            for name in ('scale_key', 'gemm_formats'):
+                link.__dict__.pop(name, None)
+            link.__class__ = chainer_type
+            return True
+    return type(link) in GEMM_LINK_TYPES

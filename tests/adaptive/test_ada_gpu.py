@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 
 from ada_loss.adaptive import AdaLossScaled
+from ada_loss.models import build_model
+from ada_loss.training import Classifier, dtype_config
+from ada_loss.training.updater import all_grads_finite
 
 from ada_test_helpers import is_pow2
 from gpu_helpers import requires_gpu, to_cpu
@@ -127,9 +130,7 @@ def test_backward_makes_no_host_synchronization(precision, interval):
     waiting for the device once. The finite check after it is the step's
     one synchronization."""
     import cupy
-    from ada_loss.loss_scale import device
-    from ada_loss.models import build_model
-    from ada_loss.training import Classifier, dtype_config
+    from ada_loss.loss_scale import device     # needs CuPy
     np.random.seed(0)
     with dtype_config(precision):
         model = Classifier(build_model('resnet20', 10), precision)
@@ -151,6 +152,5 @@ def test_backward_makes_no_host_synchronization(precision, interval):
         assert device.count_synchronizations(one_backward()) == 0
     scales = ada.loss_scales()
     assert len(scales) == 20 and all(is_pow2(v) for v in scales.values())
-    from ada_loss.training.updater import all_grads_finite
     assert device.count_synchronizations(
         lambda: all_grads_finite(model)) == 1

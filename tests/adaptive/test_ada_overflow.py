@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ada_loss import links as AL
-from ada_loss.scaling import make_loss_scaling
+from ada_loss.scaling import NonFiniteGradientError, make_loss_scaling
 from ada_loss.training import (
     Classifier, MixedPrecisionUpdater, setup_optimizer)
 
@@ -120,7 +120,6 @@ def test_huge_init_scale_overflows_and_is_skipped(method):
 
 
 def test_modes_without_recovery_raise():
-    from ada_loss.scaling import NonFiniteGradientError
     rng = np.random.RandomState(2)
     bad = _batch(rng)
     bad[0][0, 0] = np.inf

@@ -36,6 +36,7 @@ from ada_loss.functions.batch_normalization import (
     Float16BatchNormalizationImpl)
 from ada_loss.functions.fp16_elementwise import fp16_elementwise_mode
 from ada_loss.functions.relu import ReLU, ReLUGrad
+from ada_loss.training.precision import apply_precision
 
 F16, F32, U16 = numpy.float16, numpy.float32, numpy.uint16
 ALL16 = numpy.arange(1 << 16, dtype=U16).view(F16)
@@ -280,7 +281,6 @@ def test_batch_normalization_function_and_edge_values():
 
 
 def test_batch_normalization_link_conversion_and_eval():
-    from ada_loss.training.precision import apply_precision
     with chainer.using_config('dtype', chainer.mixed16):
         chain = chainer.Sequential(L.BatchNormalization(4))
     apply_precision(chain, 'float32')

@@ -309,14 +309,22 @@ def test_float32_gemm_function_nodes_are_used():
 def _grads(f, args, gy, beta=1):
     vs = [chainer.Variable(a.copy()) for a in args]
     y = f(*vs)
-    if beta != 1:
-        node = y.creator  # the GEMM node (under a reshape if n_batch_axes=2)
-        while not isinstance(node, AF.gemm_function_types()):
-            node = node.inputs[0].creator
-        node.grad_input_scale = beta
-    y.grad = gy
-    y.backward()
-    return [y.array] + [v.grad for v in vs]
+    if beta == 1:
+        y.grad = gy
+        y.backward()
+        return [y.array] + [v.grad for v in vs]
+    # β through the documented method (GemmFunction.backward_scaled); the
+    # GEMM node may sit under a reshape (n_batch_axes=2), which the
+    # gradient crosses as a reshape.
+    node = y.creator
+    while not isinstance(node, AF.gemm_function_types()):
+        node = node.inputs[0].creator
+    g = chainer.Variable(gy.reshape(node.outputs[0]().shape))
+    with chainer.no_backprop_mode():
+        grads = node.backward_scaled(tuple(range(len(vs))), (g,),
+                                     input_scale=beta).grads
+    return [y.array] + [r.array.reshape(v.shape)
+                        for r, v in zip(grads, vs)]
 
 
 FUNCS = [
@@ -358,7 +366,8 @@ def test_functions_match_chainer(name, f, ref, xs, ws, bs):
 @pytest.mark.parametrize('name, f, ref, xs, ws, bs', FUNCS,
                          ids=[c[0] for c in FUNCS])
 def test_grad_input_scale_scales_gx_only(name, f, ref, xs, ws, bs):
-    """β (GemmFunction.grad_input_scale, a power of two) multiplies gx
+    """β (``input_scale`` of GemmFunction.backward_scaled, a power of two)
+    multiplies gx
     exactly and leaves gW and gb alone (float32 and emulated FP16)."""
     rs = numpy.random.RandomState(13)
     args32 = [rs.standard_normal(s).astype(F16).astype(F32)

@@ -1,0 +1,35 @@
+"""Applying a power-of-two loss scale to an array (NumPy or CuPy).
+
+A scale is a Python number or, in the ⟨α, δ⟩ backward on a GPU, a 0-d
+device array (so that the host never waits for the device).
+"""
+import numpy
+
+from chainer.backends import cuda
+
+
+def is_device_scalar(scale):
+    """Whether a loss scale is a 0-d device array (not a Python number)."""
+    return isinstance(scale, cuda.ndarray)
+
+
+def device_kernels():
+    """:mod:`ada_loss.loss_scale.device`, the CuPy kernels. Imported on first
+    use: it needs CuPy, an optional dependency."""
+    from ada_loss.loss_scale import device
+    return device
+
+
+def scaled(a, scale):
+    """``scale · a`` for a power-of-two ``scale``: exact wherever the product
+    is representable; ``a`` itself when the scale is the number 1."""
+    if is_device_scalar(scale):
+        return device_kernels().rescale(a, scale)
+    if scale == 1:
+        return a
+    if a.dtype == numpy.float16:
+        # β may lie outside FP16's range (numpy.float16(2^16) is inf,
+        # numpy.float16(2^-25) is 0): multiply in FP32 and round once.
+        return (a.astype(numpy.float32)
+                * numpy.float32(scale)).astype(a.dtype)
+    return a * a.dtype.type(scale)
