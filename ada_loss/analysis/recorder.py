@@ -74,6 +74,15 @@ class GradientRecorder(chainer.FunctionHook):
 
     # -- the hook ---------------------------------------------------------
     def backward_preprocess(self, function, in_data, out_grad):
+        # Chainer's backward: every GEMM's input gradient at scale 1
+        self.scaled_backward_preprocess(function, in_data, out_grad, 1)
+
+    def scaled_backward_preprocess(self, function, in_data, out_grad,
+                                   input_scale):
+        """What the ⟨α, δ⟩ backward (:class:`ada_loss.adaptive.
+        ScaledBackprop`) calls for a GEMM node instead of
+        ``backward_preprocess``, with the β its input gradient is computed
+        at."""
         if not isinstance(function, GemmFunction) or out_grad[0] is None:
             return
         gy = chainer.backend.CpuDevice().send(out_grad[0])
@@ -84,15 +93,16 @@ class GradientRecorder(chainer.FunctionHook):
             'layer_id': self.layer_ids[key], 'layer': key,
             'dtype': str(gy.dtype), 'size': int(gy.size),
             'nonzero': int(numpy.count_nonzero(gy)),
-            'beta': float(getattr(function, 'grad_input_scale', 1)),
+            'beta': float(input_scale),
             'std': grad_stats.std(gy), 'max_abs': grad_stats.max_abs(gy),
             '_kth': grad_stats.kth_smallest_nonzero(gy),
             '_hist': grad_stats.exponent_histogram(gy),
         }
-        row.update(self._fp16_underflow(function, in_data, out_grad[0]))
+        row.update(self._fp16_underflow(function, in_data, out_grad[0],
+                                        input_scale))
         self._pending.append(row)
 
-    def _fp16_underflow(self, function, in_data, gy):
+    def _fp16_underflow(self, function, in_data, gy, scale):
         nan = float('nan')
         out = {'zeros_fp16': nan, 'zeros_fp32': nan, 'fp16_underflow': nan}
         if not (self.fp16_underflow and gy.dtype == numpy.float16
@@ -101,7 +111,6 @@ class GradientRecorder(chainer.FunctionHook):
         x, W = in_data[0], in_data[1]
         if x is None or W is None:
             return out
-        scale = getattr(function, 'grad_input_scale', 1)
         f32 = numpy.float32
         with chainer.no_backprop_mode():
             gx16 = function.grad_input(x, W, gy, scale).array
