@@ -14,15 +14,19 @@ from ada_loss.datasets.voc import VOC_LABEL_NAMES
 
 
 def make_voc_evaluator(dataset, model, batch_size=8,
-                       label_names=VOC_LABEL_NAMES, use_07_metric=True):
+                       label_names=VOC_LABEL_NAMES, use_07_metric=True,
+                       iterator=None, comm=None):
     """A ``DetectionVOCEvaluator`` (trainer extension) over ``dataset``
-    (``(img, bbox, label[, difficult])`` examples); sets the model's
-    ``'evaluate'`` preset."""
+    (``(img, bbox, label[, difficult])`` examples), or over ``iterator``
+    when given (one that resumes exactly); sets the model's ``'evaluate'``
+    preset. With a ChainerMN ``comm`` the evaluation is split over the
+    ranks (ChainerCV's evaluator gathers the predictions)."""
     model.use_preset('evaluate')
-    iterator = chainer.iterators.SerialIterator(
-        dataset, batch_size, repeat=False, shuffle=False)
+    if iterator is None:
+        iterator = chainer.iterators.SerialIterator(
+            dataset, batch_size, repeat=False, shuffle=False)
     return DetectionVOCEvaluator(iterator, model, use_07_metric=use_07_metric,
-                                 label_names=label_names)
+                                 label_names=label_names, comm=comm)
 
 
 def evaluate_detection(model, dataset, batch_size=8,

@@ -236,10 +236,8 @@ class DetectionStudy(Study):
         stop = StopAt(iterations=train_cfg.iterations)
         trainer = training.Trainer(updater, stop, out=folder)
 
-        evaluator = make_voc_evaluator(test, model, train_cfg.eval_batchsize)
-        evaluator._iterators['main'] = test_iter
-        if comm is not None:
-            evaluator.comm = comm
+        evaluator = make_voc_evaluator(test, model, train_cfg.eval_batchsize,
+                                       iterator=test_iter, comm=comm)
         TR.extend_trainer(
             trainer, stop, log_cfg, evaluator,
             IterationStepLR(train_cfg.lr, train_cfg.lr_steps,
