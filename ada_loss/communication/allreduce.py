@@ -136,6 +136,13 @@ class StepReduction(object):
             cols = payloads if mask.all() else payloads[:, mask]
             total[mask] = low_precision_sum(cols, fmt, pol.order,
                                             pol.group_size, kahan)
+        return self.finish(total, shift, nonfinite)
+
+    def finish(self, total, shift, nonfinite=None):
+        """The mean from the sum ``total`` (float32, modified in place):
+        × 1/p, unshift, layers reported non-finite → NaN. The wire mode
+        (:mod:`~ada_loss.communication.wire`) ends with this too."""
+        p = self.n_workers
         # × 1/p before the unshift: the shifted sum is ≤ 2^upper_exp, so
         # this cannot overflow even where the FP32 *sum* would (gradients
         # near FP32's max); with no under/overflow it is the same number as
