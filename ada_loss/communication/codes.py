@@ -26,7 +26,8 @@ tested against ``quantize`` for every code.
 NaN: the format's NaN code decodes to the float32 NaN that ``quantize``
 returns (quiet, the sign kept). Formats with no NaN code — the OCP FP6/FP4
 formats (they saturate) and IEEE-style formats with M = 0, whose all-ones
-exponent is only ±Inf — encode a NaN as +0; :class:`WireCodec` says so
+exponent is only ±Inf — send a NaN as a number (+0, or ±Inf for
+``e<E>m0``, whose NaN and Inf share the top bits); :class:`WireCodec` says so
 (``has_nan``), and the ring sends NaN positions separately in that case
 (:mod:`~ada_loss.communication.wire`).
 
@@ -94,8 +95,8 @@ class WireCodec(object):
     Attributes:
         kind (str): ``'nibble'``, ``'byte'``, ``'half'`` or ``'float32'``.
         bits (int): bits per value in the format.
-        has_nan (bool): the format has a NaN code (else NaN is sent as +0,
-            and the caller must carry NaN positions itself).
+        has_nan (bool): the format has a NaN code (else a NaN is sent as a
+            number, and the caller must carry NaN positions itself).
     """
 
     def __init__(self, fmt):

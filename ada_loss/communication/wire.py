@@ -72,8 +72,8 @@ class _Part(object):
         self.fmt = get_format(fmt)
         self.codec = WireCodec(self.fmt)
         self.kahan = kahan
-        # a format without a NaN code sends NaN as +0: note where, to send
-        # the positions once at the end (module docstring)
+        # a format without a NaN code sends NaN as a number: note where,
+        # to send the positions once at the end (module docstring)
         self.nan = numpy.zeros(self.n, bool) \
             if track_nan and not self.codec.has_nan else None
 

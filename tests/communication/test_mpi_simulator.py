@@ -29,11 +29,11 @@ def _mpiexec():
 MPIEXEC = _mpiexec()
 
 
-def mpirun(n, cases=()):
+def mpirun(n, cases=(), worker='mpi_aps_worker.py'):
     if MPIEXEC is None:
         pytest.skip('mpiexec/mpi4py not installed (./scripts/install.sh mpi)')
     cmd = [MPIEXEC, '--allow-run-as-root', '--oversubscribe', '-n', str(n),
-           sys.executable, os.path.join(HERE, 'mpi_aps_worker.py')] + \
+           sys.executable, os.path.join(HERE, worker)] + \
         list(cases)
     env = dict(os.environ, OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1')
     proc = subprocess.run(cmd, stdout=subprocess.PIPE,
