@@ -159,18 +159,25 @@ class WireCodec(object):
         packed |= codes[0::2]
         return packed
 
-    def decode(self, data, n):
-        """Wire bytes of ``n`` values → float32 values (1-D, a new array)."""
+    def decode(self, data, n, out=None):
+        """Wire bytes of ``n`` values → float32 values (1-D; into ``out``
+        when given, else a new array)."""
         data = numpy.asarray(data, numpy.uint8)
         if data.size != self.nbytes(n):
             raise ValueError('{} values of {} take {} bytes, got {}'.format(
                 n, self.format.name, self.nbytes(n), data.size))
+        if out is None:
+            out = numpy.empty(n, _F32)
         if self.kind == 'float32':
-            return data.view(_F32).copy()
-        if self.format.name == 'float16':
-            return data.view(numpy.float16).astype(_F32)
-        if self.kind == 'half':
-            return self.decode_table[data.view(numpy.uint16)]
-        if self.kind == 'byte':
-            return self.decode_table[data]
-        return self.pair_table[data].view(_F32)[:n]
+            out[...] = data.view(_F32)
+        elif self.format.name == 'float16':
+            out[...] = data.view(numpy.float16)
+        elif self.kind == 'half':
+            numpy.take(self.decode_table, data.view(numpy.uint16), out=out)
+        elif self.kind == 'byte':
+            numpy.take(self.decode_table, data, out=out)
+        elif n % 2:
+            out[...] = self.pair_table[data].view(_F32)[:n]
+        else:
+            numpy.take(self.pair_table, data, out=out.view(numpy.uint64))
+        return out

@@ -93,7 +93,6 @@ class APSCommunicator(LossScaleSyncCommunicator):
     def mean_packed(self, buf, names, sizes):
         """The mean over the ranks of the packed gradients ``buf`` (this
         rank's part), reduced as the policy says."""
-        from mpi4py import MPI
         mpi = self._comm.mpi_comm
         plan = StepReduction(self.policy, names, sizes, mpi.size, self.epoch)
         buf32 = numpy.ascontiguousarray(buf, _F32)
@@ -102,17 +101,25 @@ class APSCommunicator(LossScaleSyncCommunicator):
                 self._groups = split_groups(mpi, self.policy.group_size)
             mean, self.last_max_exps = wire_mean(mpi, plan, buf32,
                                                  self._groups)
-            return mean.astype(buf.dtype, copy=False)
-        local = plan.local_max_exps(buf32)
-        agreed = numpy.empty_like(local)
-        if plan.uses_exponents:
-            mpi.Allreduce(local, agreed, op=MPI.MAX)
-        self.last_max_exps = agreed
-        shift, bad = plan.shifts(agreed)
-        payload = numpy.ascontiguousarray(plan.encode(buf32, shift), _F32)
-        gathered = numpy.empty((mpi.size, plan.size), _F32)
-        mpi.Allgather(payload, gathered)
-        return plan.reduce(gathered, shift, bad).astype(buf.dtype, copy=False)
+        else:
+            mean, self.last_max_exps = emulated_mean(mpi, plan, buf32)
+        return mean.astype(buf.dtype, copy=False)
+
+
+def emulated_mean(comm, plan, buffer):
+    """The emulated mode's mean (module docstring, steps 2–4): exponent
+    ``Allreduce(MAX)``, ``Allgather`` of the FP32 payloads, the sum in the
+    format on every rank. Returns ``(mean, agreed exponent codes)``."""
+    from mpi4py import MPI
+    local = plan.local_max_exps(buffer)
+    agreed = numpy.empty_like(local)
+    if plan.uses_exponents:
+        comm.Allreduce(local, agreed, op=MPI.MAX)
+    shift, bad = plan.shifts(agreed)
+    payload = numpy.ascontiguousarray(plan.encode(buffer, shift), _F32)
+    gathered = numpy.empty((comm.Get_size(), plan.size), _F32)
+    comm.Allgather(payload, gathered)
+    return plan.reduce(gathered, shift, bad), agreed
 
 
 def create_aps_multi_node_optimizer(optimizer, comm, policy, wire=False):

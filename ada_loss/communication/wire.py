@@ -161,8 +161,8 @@ def _decode_chunks(part, chunk_codes):
     starts = _starts(part.n, g)
     out = numpy.empty(part.n, _F32)
     for j in range(g):
-        out[starts[j]:starts[j + 1]] = part.codec.decode(
-            chunk_codes[j], int(starts[j + 1] - starts[j]))
+        part.codec.decode(chunk_codes[j], int(starts[j + 1] - starts[j]),
+                          out[starts[j]:starts[j + 1]])
     return out
 
 
