@@ -120,7 +120,8 @@ def _ring(comm, parts):
                 # c = 0 at the first step: not sent
                 pieces.append(part.encode(comps[i], int(starts[i][out_j])))
                 in_sizes.append(in_sizes[-1])
-        send = numpy.concatenate(pieces) if pieces else numpy.empty(0, _U8)
+        # one message per step (a copy only when it has several fields)
+        send = pieces[0] if len(pieces) == 1 else numpy.concatenate(pieces)
         recv = numpy.empty(sum(in_sizes), _U8)
         comm.Sendrecv(send, dest=right, recvbuf=recv, source=left)
         fields = _split_message(recv, in_sizes)
@@ -146,7 +147,8 @@ def _ring(comm, parts):
         codes[i][r] = part.encode(mine, int(starts[i][r]))
     for step in range(g - 1):
         out_j, in_j = (r - step) % g, (r - 1 - step) % g
-        send = numpy.concatenate([codes[i][out_j] for i in range(len(parts))])
+        send = codes[0][out_j] if len(parts) == 1 else numpy.concatenate(
+            [codes[i][out_j] for i in range(len(parts))])
         sizes = [part.codec.nbytes(length(i, in_j))
                  for i, part in enumerate(parts)]
         recv = numpy.empty(sum(sizes), _U8)
