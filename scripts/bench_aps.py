@@ -325,6 +325,31 @@ def print_block(recs):
                   r['seconds'] / by['aps_emulated']))
 
 
+def summarize(paths):
+    """A Markdown table of ``--json`` files: per buffer and P, the seconds
+    of each method and the targets' ratios."""
+    print('| P | buffer | elements | FP32 Allreduce [s] | FP16 Allreduce | '
+          'FP16 ring | APS emulated | APS wire 8-bit | APS wire 4-bit | '
+          'wire 8-bit bytes / FP32 | wire 8-bit / emulated | '
+          'wire 8-bit / FP32 |')
+    print('|' + '---|' * 12)
+    for path in paths:
+        with open(path) as f:
+            records = json.load(f)['records']
+        rows = {}
+        for r in records:
+            rows.setdefault((r['ranks'], r['buffer'], r['elements']),
+                            {})[r['method']] = r
+        for (p, label, n), by in rows.items():
+            w8, f32 = by['aps_wire_8bit'], by['fp32_allreduce']
+            print('| {} | {} | {} | {} | {:.4f} | {:.2f}x | {:.2f}x |'.format(
+                p, label, n, ' | '.join(
+                    '{:.4f}'.format(by[m]['seconds']) for m, _ in METHODS),
+                w8['bytes_per_element'] / f32['bytes_per_element'],
+                w8['seconds'] / by['aps_emulated']['seconds'],
+                w8['seconds'] / f32['seconds']))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--workers', type=int, default=8)
@@ -344,7 +369,12 @@ def main():
                    '(memory: the emulated mode gathers P copies)')
     p.add_argument('--json', help='--mpi: write the records here')
     p.add_argument('--mpi', action='store_true')
+    p.add_argument('--summarize', nargs='+', metavar='JSON',
+                   help='print a Markdown table of --json files and exit')
     args = p.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
     args.models = [m for m in args.models.split(',') if m]
     args.sweep = [int(v) for v in args.sweep.split(',')]
     args.max_log2 = dict(tuple(int(v) for v in item.split(':'))

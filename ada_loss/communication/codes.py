@@ -36,18 +36,13 @@ other float32 is mapped to an unspecified code.
 """
 import numpy
 
+from ada_loss.communication.cost import format_bits  # NOQA (re-exported)
 from ada_loss.formats import get_format
 
 _F32 = numpy.float32
 _U32 = numpy.uint32
 _QNAN = 0x7FC00000
 KINDS = ('nibble', 'byte', 'half', 'float32')
-
-
-def format_bits(fmt):
-    """Bits per value of a format: 1 sign + exponent + mantissa bits."""
-    f = get_format(fmt)
-    return 1 + f.exp_bits + f.man_bits
 
 
 def _code_values(fmt):

@@ -136,7 +136,8 @@ def run_case(comm, train, mode, precision, model_name, options,
                                  for r in range(n) for k in sim),
             'keys': len(sim), 'sim_vs_mpi': maxdiff(sim, gathered[0]),
             'lowp_vs_fp32': maxdiff(sim, fp32), 'skipped': skipped,
-            'losses': len(sim_losses), 'losses_equal': sim_losses == mpi_losses,
+            'losses': len(sim_losses),
+            'losses_equal': sim_losses == mpi_losses,
             'wire': wire,
             'iterations': up.iteration}
 

@@ -91,8 +91,9 @@ def buffers(p, seed, fmt, large):
 
 def same(a, b):
     """Bit for bit."""
-    return numpy.array_equal(numpy.asarray(a, numpy.float32).view(numpy.uint32),
-                             numpy.asarray(b, numpy.float32).view(numpy.uint32))
+    a = numpy.asarray(a, numpy.float32).view(numpy.uint32)
+    return numpy.array_equal(a, numpy.asarray(b, numpy.float32).view(
+        numpy.uint32))
 
 
 def same_nan(a, b):
