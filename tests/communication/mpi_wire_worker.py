@@ -1,10 +1,10 @@
 """Run under ``mpiexec -n P`` by test_wire.py: the wire mode of the APS
 all-reduce (:func:`ada_loss.communication.wire.wire_mean`) against the
 emulation (``StepReduction.mean_of_stacked``, what the simulator computes)
-for every format of at most 8 bits, with and without Kahan, ring and every
-hierarchical group size of P, on buffers with ragged layer sizes, FP32
-layers, a non-finite layer, overflowing values without APS, and the hybrid
-FP32-first epochs. Every rank builds every rank's buffer from the same seed,
+for every format of at most 8 bits (and FP16, bfloat16), with and without
+Kahan, ring and hierarchical group sizes of P, on buffers with ragged layer
+sizes, FP32 layers, a non-finite layer, overflowing values and a NaN without
+APS, and the hybrid FP32-first epochs. Every rank builds every rank's buffer from the same seed,
 so it computes the emulation itself and compares its own wire result bit for
 bit; the MPI calls go through a wrapper that counts the bytes each rank
 sends. Prints one ``RESULT`` JSON line (rank 0): failures (must be empty),
@@ -22,7 +22,8 @@ from ada_loss.formats import get_format
 
 NAMED = ['fp8_e4m3', 'fp8_e5m2', 'fp6_e3m2', 'fp6_e2m3', 'fp4_e2m1']
 IEEE = ['e{}m{}'.format(e, m) for e in range(2, 8) for m in range(0, 8 - e)]
-FORMATS = NAMED + IEEE      # every format of the project with <= 8 bits
+# every format of the project with <= 8 bits, and the 16-bit ones
+FORMATS = NAMED + IEEE + ['float16', 'bfloat16']
 
 # layers: ragged sizes (none a multiple of 2, 3, 4 or 8), an empty one, a
 # single element, an FP32 classifier
