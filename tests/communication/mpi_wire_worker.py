@@ -66,7 +66,7 @@ class CountingComm(object):
         return self.comm.Recv(buf, source=source)
 
     def Bcast(self, buf, root):
-        if self.comm.Get_rank() == root:
+        if self.comm.Get_rank() == root and self.comm.Get_size() > 1:
             self._add('Bcast', buf.nbytes)
         return self.comm.Bcast(buf, root=root)
 
@@ -204,6 +204,17 @@ def measure_bytes(comm, p):
                                  'elements': plan.size,
                                  'lp_layers': 1 if fp32 else 2,
                                  'counts': dict(comm.counts)})
+    # hierarchical, groups of 2 (of P when P is odd): every rank's counts
+    k = 2 if p % 2 == 0 else p
+    groups = split_groups(comm, k)
+    comm.counts.clear()
+    plan = StepReduction(CommPolicy('fp8_e4m3', order='hierarchical',
+                                    group_size=k), names, sizes, p)
+    wire_mean(comm, plan, rng.standard_normal(plan.size).astype(
+        numpy.float32), groups)
+    rows.append({'fmt': 'fp8_e4m3', 'order': 'hierarchical',
+                 'group_size': k, 'elements': plan.size, 'lp_layers': 2,
+                 'counts_per_rank': comm.comm.allgather(dict(comm.counts))})
     return rows
 
 

@@ -122,8 +122,8 @@ def test_wire_bytes(wire):
     exponent byte per low-precision layer (APS), or one NaN flag byte
     (4-bit e3m0 has no NaN code) without APS."""
     p = wire['ranks']
-    assert len(wire['bytes']) == 16
-    for row in wire['bytes']:
+    assert len(wire['bytes']) == 17
+    for row in wire['bytes'][:16]:
         b = row['bits'] / 8.0
         lp = row['elements'] - row['fp32_elements']
         expect = 2.0 * (p - 1) / p * (lp * b + row['fp32_elements'] * 4)
@@ -133,3 +133,24 @@ def test_wire_bytes(wire):
         flag = 0 if row['fmt'] == 'fp8_e4m3' else 1
         assert row['counts'].get('Allreduce', 0) == (
             row['lp_layers'] if row['aps'] else flag), row
+
+
+def test_wire_bytes_hierarchical(wire):
+    """Hierarchical, 8-bit, groups of k (2, or P when P is odd): a member
+    sends its n codes to its leader; a leader sends 2(G−1)/G·n in the ring
+    among the G = P/k leaders and n in the broadcast to its group; every
+    rank one exponent byte per layer."""
+    p = wire['ranks']
+    row = wire['bytes'][16]
+    k, n = row['group_size'], row['elements']
+    g = p // k
+    assert len(row['counts_per_rank']) == p
+    for rank, counts in enumerate(row['counts_per_rank']):
+        expect = {'Allreduce': row['lp_layers']}
+        if rank % k:
+            expect['Send'] = n
+        else:
+            if g > 1:
+                expect['Sendrecv'] = 2 * (g - 1) * n // g
+            expect['Bcast'] = n
+        assert counts == expect, (rank, counts)
