@@ -176,3 +176,15 @@ class WireCodec(object):
         else:
             numpy.take(self.pair_table, data, out=out.view(numpy.uint64))
         return out
+
+
+_CODECS = {}
+
+
+def codec_for(fmt):
+    """The (cached) :class:`WireCodec` of a format: its tables are built
+    once per process, not once per step."""
+    name = get_format(fmt).name
+    if name not in _CODECS:
+        _CODECS[name] = WireCodec(name)
+    return _CODECS[name]

@@ -49,7 +49,7 @@ layers → NaN), as in the emulation.
 """
 import numpy
 
-from ada_loss.communication.codes import WireCodec
+from ada_loss.communication.codes import codec_for
 from ada_loss.communication.summation import Accumulator
 from ada_loss.formats import get_format
 
@@ -70,7 +70,7 @@ class _Part(object):
         self.values = values
         self.n = values.size
         self.fmt = get_format(fmt)
-        self.codec = WireCodec(self.fmt)
+        self.codec = codec_for(self.fmt)
         self.kahan = kahan
         # a format without a NaN code sends NaN as a number: note where,
         # to send the positions once at the end (module docstring)
