@@ -8,16 +8,37 @@ with FP32 communication vs APS in (5, 2) (ring; + Kahan; without APS) and
 reduction alone (loss-scale sync packing + exponents + shift + cast +
 emulated sum + unshift, i.e. ``simulated_mean``).
 
-``mpiexec -n 2 python scripts/bench_aps.py --mpi``: each rank holds its
-ResNet-20 gradients (batch 16); times ``multi_node_mean_grad`` of the
-loss-scale-sync communicator (FP32 Allreduce) vs the APS communicator
-(Allreduce of the exponent bytes + Allgather of the payload + emulated sum).
+``mpiexec -n P python scripts/bench_aps.py --mpi [--json PATH]``: the
+gradient mean of one step over P ranks, per method (docs/aps_wire.md):
 
-Prints ratios from one run; not a test. The emulated sum is extra work a
-real low-precision all-reduce would not do on the host; what it saves on
-the network is in experiments/aps_cost.py.
+* ``fp32_allreduce``: MPI ``Allreduce(SUM)`` of FP32, × 1/P (ChainerMN's
+  MPI communicators; what the loss-scale sync does);
+* ``fp16_allreduce``: cast to FP16, ``Allreduce`` with a user-defined FP16
+  sum (``MPI.Op.Create``: MPI has no half type), cast back, × 1/P;
+* ``fp16_ring``: FP16 codes through the wire mode's ring (no APS);
+* ``aps_emulated``: APS (fp8_e5m2) as the emulated mode does it: exponent
+  ``Allreduce(MAX)``, ``Allgather`` of FP32 payloads, the sum on every rank;
+* ``aps_wire_8bit`` (fp8_e5m2) and ``aps_wire_4bit`` (e3m0, the paper's
+  (3, 0)): APS with codes on the wire (ring reduce-scatter + all-gather).
+
+Buffers: ResNet-20's parameter sizes (0.27M, 59 layers), ResNet-50's
+(25.6M, 161 layers) and a sweep of single-layer buffers ``2^a .. 2^b``
+(``--sweep``), random normal gradients. Each time is the slowest rank's,
+median of ``--repeats`` after one warm-up, methods round-robin. Per method
+the time splits into ``comm`` (inside MPI calls, waiting included),
+``encode``/``decode`` (format codes ↔ float32; the FP16 casts of
+``fp16_allreduce``) and ``compute`` (the rest: exponents, shift and cast,
+the low-precision sums, unshift, × 1/P), rank 0's. ``bytes_per_element``:
+what a rank sends per element, counted at the MPI calls for the ring
+methods, and the ring-algorithm figure ``2(P−1)/P·b`` for MPI's own
+``Allreduce`` (whose algorithm MPI chooses) and ``(P−1)·4`` for the
+``Allgather`` (``bytes_source`` says which).
+
+Prints a table from one run; not a test. Without ``--mpi``: the
+single-process simulator timing below.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -102,45 +123,231 @@ def single(args):
                   red / B.median(t['step'])))
 
 
-def mpi(args):
-    import chainermn
+METHODS = [('fp32_allreduce', 32), ('fp16_allreduce', 16),
+           ('fp16_ring', 16), ('aps_emulated', 8), ('aps_wire_8bit', 8),
+           ('aps_wire_4bit', 4)]
+PHASES = ('encode', 'comm', 'decode', 'compute')
+
+
+class TimedComm(object):
+    """An mpi4py communicator whose calls add their seconds to
+    ``phases['comm']`` and the bytes this rank sends to ``sent``."""
+
+    def __init__(self, comm, phases):
+        self.comm, self.phases, self.sent = comm, phases, 0
+
+    def Get_rank(self):
+        return self.comm.Get_rank()
+
+    def Get_size(self):
+        return self.comm.Get_size()
+
+    def _call(self, name, nbytes, *args, **kwargs):
+        self.sent += nbytes
+        t0 = time.perf_counter()
+        out = getattr(self.comm, name)(*args, **kwargs)
+        self.phases['comm'] += time.perf_counter() - t0
+        return out
+
+    def Allreduce(self, send, recv, op):
+        data = send[0] if isinstance(send, list) else send
+        return self._call('Allreduce', data.nbytes, send, recv, op=op)
+
+    def Allgather(self, send, recv):
+        return self._call('Allgather', send.nbytes, send, recv)
+
+    def Sendrecv(self, send, dest, recvbuf, source):
+        return self._call('Sendrecv', send.nbytes, send, dest=dest,
+                          recvbuf=recvbuf, source=source)
+
+
+def _timed_methods(cls, names, phases):
+    """Wraps ``cls.<name>`` so that its seconds add to ``phases[name]``;
+    returns the originals."""
+    saved = {}
+    for name in names:
+        fn = getattr(cls, name)
+        saved[name] = fn
+
+        def wrapper(*a, _fn=fn, _name=name, **k):
+            t0 = time.perf_counter()
+            out = _fn(*a, **k)
+            phases[_name] += time.perf_counter() - t0
+            return out
+        setattr(cls, name, wrapper)
+    return saved
+
+
+def buffer_sets(args):
+    from ada_loss.models import build_model
+    sets = []
+    for label, model, classes in (('resnet20', 'resnet20', 10),
+                                  ('resnet50', 'resnet50', 1000)):
+        if label in args.models:
+            sizes = [p.size for p in build_model(model, classes).params()]
+            sets.append((label, sizes))
+    for a in range(args.sweep[0], args.sweep[1] + 1, args.sweep_step):
+        sets.append(('2^{}'.format(a), [1 << a]))
+    return sets
+
+
+def fp16_sum_op():
     from mpi4py import MPI
-    from ada_loss.communication import CommPolicy
-    from ada_loss.communication.communicator import APSCommunicator
-    from ada_loss.training.distributed import LossScaleSyncCommunicator
-    comm = chainermn.create_communicator('naive')
-    model, data = model_and_data(args.per_worker, seed=comm.rank)
-    x, t = chainer.dataset.concat_examples(data)
-    model.cleargrads()
-    model(x, t).backward()
-    saved = {n: p.grad.copy() for n, p in model.namedparams()}
-    comms = [('fp32 (FP32 Allreduce)', LossScaleSyncCommunicator(comm))]
-    for name, kw in POLICIES[1:]:
-        k = kw.get('group_size')
-        if k is not None and comm.size % k:     # e.g. 2 ranks: one group
-            kw = dict(kw, group_size=comm.size)
-            name = name.replace('k={}'.format(k), 'k={}'.format(comm.size))
-        comms.append((name, APSCommunicator(comm, CommPolicy(**kw))))
-    times = {name: [] for name, _ in comms}
-    for i in range(args.warmup + args.repeats):
-        for name, c in comms:
-            for n, p in model.namedparams():
-                p.grad = saved[n].copy()
-            comm.mpi_comm.Barrier()
-            t = B.timed(lambda: c.multi_node_mean_grad(model))
-            t = comm.mpi_comm.allreduce(t, op=MPI.MAX)
-            if i >= args.warmup:
-                times[name].append(t)
-    if comm.rank == 0:
-        print('settings: ResNet-20 gradients ({} per rank), {} ranks, {} '
-              'repeats, round-robin'.format(args.per_worker, comm.size,
-                                            args.repeats))
-        base = B.median(times[comms[0][0]])
-        for name, _ in comms:
-            m = B.median(times[name])
-            print('  {:26s} mean_grad {:.4f} s   ratio {:.2f}x   all: {}'
-                  .format(name, m, m / base, ' '.join(
-                      '{:.4f}'.format(v) for v in times[name])))
+
+    def add(inbuf, inoutbuf, datatype):
+        a = numpy.frombuffer(inbuf, numpy.float16)
+        b = numpy.frombuffer(inoutbuf, numpy.float16)
+        b += a
+    return MPI.Op.Create(add, commute=True)
+
+
+def mpi(args):
+    from mpi4py import MPI
+    from ada_loss.communication import CommPolicy, StepReduction
+    from ada_loss.communication.codes import WireCodec
+    from ada_loss.communication.communicator import emulated_mean
+    from ada_loss.communication.wire import wire_mean
+    world = MPI.COMM_WORLD
+    p, rank = world.Get_size(), world.Get_rank()
+    phases = dict.fromkeys(PHASES, 0.0)
+    comm = TimedComm(world, phases)
+    saved = _timed_methods(WireCodec, ('encode', 'decode'), phases)
+    fp16_op = fp16_sum_op()
+    policies = {'fp16_ring': CommPolicy('float16', aps=False),
+                'aps_emulated': CommPolicy('fp8_e5m2'),
+                'aps_wire_8bit': CommPolicy('fp8_e5m2'),
+                'aps_wire_4bit': CommPolicy('e3m0')}
+
+    def run(method, buf, names, sizes):
+        if method == 'fp32_allreduce':
+            out = numpy.empty_like(buf)
+            comm.Allreduce(buf, out, op=MPI.SUM)
+            out *= numpy.float32(1.0 / p)
+            return out
+        if method == 'fp16_allreduce':
+            t0 = time.perf_counter()
+            half = buf.astype(numpy.float16)
+            phases['encode'] += time.perf_counter() - t0
+            out = numpy.empty_like(half)
+            comm.Allreduce([half, MPI.UINT16_T], [out, MPI.UINT16_T],
+                           op=fp16_op)
+            t0 = time.perf_counter()
+            mean = out.astype(numpy.float32)
+            phases['decode'] += time.perf_counter() - t0
+            mean *= numpy.float32(1.0 / p)
+            return mean
+        plan = StepReduction(policies[method], names, sizes, p)
+        if method == 'aps_emulated':
+            return emulated_mean(comm, plan, buf)[0]
+        return wire_mean(comm, plan, buf)[0]
+
+    records = []
+    for label, sizes in buffer_sets(args):
+        if label.startswith('2^') and int(label[2:]) > args.max_log2.get(
+                p, 99):
+            continue
+        names = ['/layer{}/W'.format(i) for i in range(len(sizes))]
+        n = int(sum(sizes))
+        rng = numpy.random.RandomState(rank)
+        buf = rng.standard_normal(n).astype(numpy.float32)
+        buf *= numpy.float32(1e-3)
+        times = {m: [] for m, _ in METHODS}
+        parts = {m: {k: [] for k in PHASES} for m, _ in METHODS}
+        sent = {}
+        repeats = args.repeats if n < (1 << 22) else args.repeats_large
+        for i in range(1 + repeats):
+            for method, _ in METHODS:
+                for k in PHASES:
+                    phases[k] = 0.0
+                comm.sent = 0
+                world.Barrier()
+                t0 = time.perf_counter()
+                run(method, buf, names, sizes)
+                elapsed = time.perf_counter() - t0
+                elapsed = world.allreduce(elapsed, op=MPI.MAX)
+                if i:
+                    times[method].append(elapsed)
+                    parts[method]['compute'].append(
+                        elapsed - sum(phases[k] for k in PHASES))
+                    for k in ('encode', 'comm', 'decode'):
+                        parts[method][k].append(phases[k])
+                    sent[method] = comm.sent
+        if rank:
+            continue
+        for method, bits in METHODS:
+            counted = method in ('fp16_ring', 'aps_wire_8bit',
+                                 'aps_wire_4bit')
+            if method == 'aps_emulated':
+                per = (p - 1) * 4.0
+                exps = len(sizes) * 2.0 * (p - 1) / p
+            elif counted:
+                per, exps = sent[method] / float(n), 0.0
+            else:
+                per, exps = 2.0 * (p - 1) / p * bits / 8.0, 0.0
+            rec = {'method': method, 'bits': bits,
+                   'bytes_per_element': per + exps / n,
+                   'bytes_source': 'counted' if counted else 'model',
+                   'seconds': B.median(times[method]), 'elements': n,
+                   'ranks': p, 'buffer': label, 'layers': len(sizes),
+                   'repeats': repeats}
+            for k in PHASES:
+                rec['seconds_' + k] = B.median(parts[method][k])
+            records.append(rec)
+        print_block(records[-len(METHODS):])
+        sys.stdout.flush()
+    for name, fn in saved.items():
+        setattr(WireCodec, name, fn)
+    fp16_op.Free()
+    if rank == 0 and args.json:
+        with open(args.json, 'w') as f:
+            json.dump({'machine': B.machine_info(), 'command': ' '.join(
+                sys.argv), 'records': records}, f, indent=1)
+        print('wrote {}'.format(args.json))
+
+
+def print_block(recs):
+    r0 = recs[0]
+    print('\n{} ({} elements, {} layers), {} ranks, median of {}:'.format(
+        r0['buffer'], r0['elements'], r0['layers'], r0['ranks'],
+        r0['repeats']))
+    print('  {:15s} {:>9s} {:>7s} {:>9s} {:>8s} {:>8s} {:>8s} {:>8s} '
+          '{:>7s} {:>7s}'.format('method', 'bytes/el', 'src', 'seconds',
+                                 'encode', 'comm', 'decode', 'compute',
+                                 'vs fp32', 'vs emul'))
+    by = {r['method']: r['seconds'] for r in recs}
+    for r in recs:
+        print('  {:15s} {:9.4f} {:>7s} {:9.4f} {:8.4f} {:8.4f} {:8.4f} '
+              '{:8.4f} {:7.2f} {:7.2f}'.format(
+                  r['method'], r['bytes_per_element'], r['bytes_source'],
+                  r['seconds'], r['seconds_encode'], r['seconds_comm'],
+                  r['seconds_decode'], r['seconds_compute'],
+                  r['seconds'] / by['fp32_allreduce'],
+                  r['seconds'] / by['aps_emulated']))
+
+
+def summarize(paths):
+    """A Markdown table of ``--json`` files: per buffer and P, the seconds
+    of each method and the targets' ratios."""
+    print('| P | buffer | elements | FP32 Allreduce [s] | FP16 Allreduce | '
+          'FP16 ring | APS emulated | APS wire 8-bit | APS wire 4-bit | '
+          'wire 8-bit bytes / FP32 | wire 8-bit / emulated | '
+          'wire 8-bit / FP32 |')
+    print('|' + '---|' * 12)
+    for path in paths:
+        with open(path) as f:
+            records = json.load(f)['records']
+        rows = {}
+        for r in records:
+            rows.setdefault((r['ranks'], r['buffer'], r['elements']),
+                            {})[r['method']] = r
+        for (p, label, n), by in rows.items():
+            w8, f32 = by['aps_wire_8bit'], by['fp32_allreduce']
+            print('| {} | {} | {} | {} | {:.4f} | {:.2f}x | {:.2f}x |'.format(
+                p, label, n, ' | '.join(
+                    '{:.4f}'.format(by[m]['seconds']) for m, _ in METHODS),
+                w8['bytes_per_element'] / f32['bytes_per_element'],
+                w8['seconds'] / by['aps_emulated']['seconds'],
+                w8['seconds'] / f32['seconds']))
 
 
 def main():
@@ -149,9 +356,29 @@ def main():
     p.add_argument('--per-worker', type=int, default=16)
     p.add_argument('--steps', type=int, default=3)
     p.add_argument('--warmup', type=int, default=1)
-    p.add_argument('--repeats', type=int, default=10, help='--mpi only')
+    p.add_argument('--repeats', type=int, default=5, help='--mpi only')
+    p.add_argument('--repeats-large', type=int, default=3,
+                   help='--mpi: repeats for buffers of >= 2^22 elements')
+    p.add_argument('--models', default='resnet20,resnet50',
+                   help='--mpi: model-sized buffers (resnet20, resnet50)')
+    p.add_argument('--sweep', default='14,26',
+                   help='--mpi: log2 sizes a,b of the sweep')
+    p.add_argument('--sweep-step', type=int, default=2)
+    p.add_argument('--max-log2', default='',
+                   help='--mpi: P:b,... the sweep stops at 2^b for P ranks '
+                   '(memory: the emulated mode gathers P copies)')
+    p.add_argument('--json', help='--mpi: write the records here')
     p.add_argument('--mpi', action='store_true')
+    p.add_argument('--summarize', nargs='+', metavar='JSON',
+                   help='print a Markdown table of --json files and exit')
     args = p.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
+    args.models = [m for m in args.models.split(',') if m]
+    args.sweep = [int(v) for v in args.sweep.split(',')]
+    args.max_log2 = dict(tuple(int(v) for v in item.split(':'))
+                         for item in args.max_log2.split(',') if item)
     if args.mpi:
         from mpi4py import MPI
         if MPI.COMM_WORLD.rank == 0:

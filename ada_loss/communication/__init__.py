@@ -11,7 +11,12 @@ simulator.
 * :class:`StepReduction`: the same for all parameters of a step (one
   exponent message for all layers).
 * :mod:`~ada_loss.communication.communicator`: the ChainerMN communicator
-  (``APSCommunicator``; composes with the per-parameter loss-scale sync).
+  (``APSCommunicator``; composes with the per-parameter loss-scale sync),
+  emulated or (``wire=True``) with the format's codes on the wire:
+  :mod:`~ada_loss.communication.codes` (values ↔ 1-byte / packed 4-bit
+  codes) and :mod:`~ada_loss.communication.wire` (ring reduce-scatter +
+  all-gather and hierarchical order over MPI, bit-identical to the
+  emulation).
 * :mod:`~ada_loss.communication.simulator`: N workers in one process.
 * :mod:`~ada_loss.communication.roundoff` (Eq. 5) and
   :mod:`~ada_loss.communication.cost` (bytes and steps per all-reduce).

@@ -7,7 +7,7 @@ One step, for the gradients of ``p`` workers packed into flat FP32 buffers
 1. every worker: ``max_exp`` of each low-precision layer (FINDMAXEXP of
    grad · p, :mod:`~ada_loss.communication.exponents`), one byte per layer;
 2. all-reduce (MAX) of that vector: one message for all layers (line 4);
-3. every worker: shift by ``2^(upper_exp − max_exp)`` (exact: ``ldexp``),
+3. every worker: shift by ``2^(upper_exp − max_exp)`` (exact; ``ldexp``),
    cast to the format (lines 5–7): the *payload*;
 4. the sum of the payloads accumulated in the format in the stated order
    (line 8; :mod:`~ada_loss.communication.summation`), cast back to FP32
@@ -33,6 +33,18 @@ from ada_loss.communication.summation import check_order, low_precision_sum
 from ada_loss.formats import get_format
 
 _F32 = numpy.float32
+
+
+def scale_pow2(x, exps):
+    """``x · 2^exps`` in float32, correctly rounded (= ``ldexp``): one
+    multiplication by the float32 power of two where every exponent is
+    one (−126..127; exact, or rounded once on under/overflow, as ``ldexp``
+    rounds; ~10x faster), else ``ldexp``."""
+    if exps.size and -126 <= int(exps.min()) and int(exps.max()) <= 127:
+        factors = ((exps + 127).astype(numpy.uint32) << numpy.uint32(23)) \
+            .view(_F32)
+        return x * factors
+    return numpy.ldexp(x, exps).astype(_F32, copy=False)
 
 
 class StepReduction(object):
@@ -108,8 +120,8 @@ class StepReduction(object):
         buffer = numpy.asarray(buffer, _F32)
         if not self.any_lp:
             return buffer.copy()
-        shifted = numpy.ldexp(buffer, shift).astype(_F32, copy=False) \
-            if self.uses_exponents else buffer.copy()
+        shifted = scale_pow2(buffer, shift) if self.uses_exponents \
+            else buffer.copy()
         lp = self.lp_elements
         if lp.all():
             return self.policy.format.quantize(shifted)
@@ -136,13 +148,20 @@ class StepReduction(object):
             cols = payloads if mask.all() else payloads[:, mask]
             total[mask] = low_precision_sum(cols, fmt, pol.order,
                                             pol.group_size, kahan)
+        return self.finish(total, shift, nonfinite)
+
+    def finish(self, total, shift, nonfinite=None):
+        """The mean from the sum ``total`` (float32, modified in place):
+        × 1/p, unshift, layers reported non-finite → NaN. The wire mode
+        (:mod:`~ada_loss.communication.wire`) ends with this too."""
+        p = self.n_workers
         # × 1/p before the unshift: the shifted sum is ≤ 2^upper_exp, so
         # this cannot overflow even where the FP32 *sum* would (gradients
         # near FP32's max); with no under/overflow it is the same number as
         # unshifting first (powers of two commute with rounding)
         total *= _F32(1.0 / p)
         if self.uses_exponents:
-            total = numpy.ldexp(total, -shift).astype(_F32, copy=False)
+            total = scale_pow2(total, -shift)
         if nonfinite is not None and nonfinite.any():
             total[nonfinite] = numpy.nan
         return total

@@ -28,6 +28,11 @@ What one ``multi_node_mean_grad`` (= ``allreduce_grad``) does, per step:
    same arithmetic on the same data: their means are bit-identical, and
    equal to the single-process simulator's
    (:mod:`~ada_loss.communication.simulator`), which calls the same code;
+   With ``wire=True`` step 4 is a real low-precision all-reduce instead
+   (:mod:`~ada_loss.communication.wire`): a ring reduce-scatter of codes
+   (1 byte per value, ½ for 4-bit formats), each hop adding in the format
+   with the emulation's ⊕, and an all-gather of the codes — 0.25× the
+   bytes of FP32 for an 8-bit format — with the same result bit for bit;
 5. back in the sync: the mean is rounded once to the parameter's dtype and
    ``param._loss_scale = α*``; ``UpdateRule`` unscales in FP32 as always.
 
@@ -41,6 +46,7 @@ import numpy
 
 from ada_loss.communication.allreduce import StepReduction
 from ada_loss.communication.policy import CommPolicy
+from ada_loss.communication.wire import split_groups, wire_mean
 from ada_loss.training.distributed import (
     DistributedMixedPrecisionUpdater, LossScaleSyncCommunicator,
     sync_loss_scales_and_mean)
@@ -58,16 +64,23 @@ class APSCommunicator(LossScaleSyncCommunicator):
             hybrid schedule); :class:`APSDistributedUpdater` sets it.
         last_max_exps (numpy.ndarray): the agreed exponent codes of the last
             step (``uint8`` codes, one per low-precision layer).
+        wire (bool): codes on the wire (:mod:`~.wire`) instead of the
+            emulation's FP32 ``Allgather``; the same means, bit for bit.
     """
 
-    def __init__(self, comm, policy):
+    def __init__(self, comm, policy, wire=False):
         super(APSCommunicator, self).__init__(comm)
         if not isinstance(policy, CommPolicy):
             raise TypeError('policy must be a CommPolicy')
+        if not isinstance(wire, bool):
+            raise TypeError('wire must be True or False, got {!r}'.format(
+                wire))
         policy.check(comm.size)
         self.policy = policy
+        self.wire = wire
         self.epoch = 0.0
         self.last_max_exps = None
+        self._groups = None
 
     def multi_node_mean_grad(self, model, zero_fill=False):
         """Loss-scale sync + APS low-precision mean (``zero_fill`` ignored:
@@ -80,39 +93,54 @@ class APSCommunicator(LossScaleSyncCommunicator):
     def mean_packed(self, buf, names, sizes):
         """The mean over the ranks of the packed gradients ``buf`` (this
         rank's part), reduced as the policy says."""
-        from mpi4py import MPI
         mpi = self._comm.mpi_comm
         plan = StepReduction(self.policy, names, sizes, mpi.size, self.epoch)
         buf32 = numpy.ascontiguousarray(buf, _F32)
-        local = plan.local_max_exps(buf32)
-        agreed = numpy.empty_like(local)
-        if plan.uses_exponents:
-            mpi.Allreduce(local, agreed, op=MPI.MAX)
-        self.last_max_exps = agreed
-        shift, bad = plan.shifts(agreed)
-        payload = numpy.ascontiguousarray(plan.encode(buf32, shift), _F32)
-        gathered = numpy.empty((mpi.size, plan.size), _F32)
-        mpi.Allgather(payload, gathered)
-        return plan.reduce(gathered, shift, bad).astype(buf.dtype, copy=False)
+        if self.wire:
+            if self.policy.order == 'hierarchical' and self._groups is None:
+                self._groups = split_groups(mpi, self.policy.group_size)
+            mean, self.last_max_exps = wire_mean(mpi, plan, buf32,
+                                                 self._groups)
+        else:
+            mean, self.last_max_exps = emulated_mean(mpi, plan, buf32)
+        return mean.astype(buf.dtype, copy=False)
 
 
-def create_aps_multi_node_optimizer(optimizer, comm, policy):
+def emulated_mean(comm, plan, buffer):
+    """The emulated mode's mean (module docstring, steps 2–4): exponent
+    ``Allreduce(MAX)``, ``Allgather`` of the FP32 payloads, the sum in the
+    format on every rank. Returns ``(mean, agreed exponent codes)``."""
+    from mpi4py import MPI
+    local = plan.local_max_exps(buffer)
+    agreed = numpy.empty_like(local)
+    if plan.uses_exponents:
+        comm.Allreduce(local, agreed, op=MPI.MAX)
+    shift, bad = plan.shifts(agreed)
+    payload = numpy.ascontiguousarray(plan.encode(buffer, shift), _F32)
+    gathered = numpy.empty((comm.Get_size(), plan.size), _F32)
+    comm.Allgather(payload, gathered)
+    return plan.reduce(gathered, shift, bad), agreed
+
+
+def create_aps_multi_node_optimizer(optimizer, comm, policy, wire=False):
     """``chainermn.create_multi_node_optimizer`` with APS communication
-    (and the loss-scale sync)."""
+    (and the loss-scale sync); ``wire=True``: codes on the wire."""
     import chainermn
     return chainermn.create_multi_node_optimizer(
-        optimizer, APSCommunicator(comm, policy))
+        optimizer, APSCommunicator(comm, policy, wire))
 
 
-def build_aps_optimizer(model, precision, train_cfg, comm, policy):
+def build_aps_optimizer(model, precision, train_cfg, comm, policy,
+                        wire=False):
     """:func:`ada_loss.experiment.run.build_optimizer` (MomentumSGD, FP32
-    master weights, weight-decay hooks) with APS communication."""
+    master weights, weight-decay hooks) with APS communication
+    (``wire=True``: the real low-precision all-reduce)."""
     import chainer
     from ada_loss.training import setup_optimizer
     from ada_loss.training.hooks import add_weight_decay
     opt = chainer.optimizers.MomentumSGD(lr=train_cfg['lr'],
                                          momentum=train_cfg['momentum'])
-    opt = create_aps_multi_node_optimizer(opt, comm, policy)
+    opt = create_aps_multi_node_optimizer(opt, comm, policy, wire)
     setup_optimizer(opt, model, precision)
     if train_cfg['weight_decay'] > 0:
         add_weight_decay(model, train_cfg['weight_decay'])

@@ -10,9 +10,11 @@ Per worker and step, for a model with L layers (parameters) of n_l elements:
   2(p − 1)/p of the message per worker; the hierarchical one with groups of
   k takes 4(k − 1) + 2(p/k − 1) steps (§4.2).
 
-These are the byte counts a real implementation sends. The emulation in
-this package (:mod:`~ada_loss.communication.communicator`) gathers the
-format's values stored as FP32, as CPD does.
+These are the byte counts a real implementation sends, and what the wire
+mode (:mod:`~ada_loss.communication.wire`) sends (its tests count them at
+the MPI calls; Kahan adds (p − 2)/p of the payload there). The emulated
+mode of :mod:`~ada_loss.communication.communicator` gathers the format's
+values stored as FP32, as CPD does.
 """
 from ada_loss.communication.summation import hierarchical_steps, ring_steps
 from ada_loss.formats import get_format

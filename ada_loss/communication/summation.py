@@ -84,14 +84,22 @@ def check_order(order, group_size, n_workers):
     return int(group_size)
 
 
-class _Accumulator(object):
-    """Running sums ``s`` (any shape) in a format, naive or Kahan."""
+class Accumulator(object):
+    """Running sums ``s`` (any shape) in a format, naive or Kahan: the ⊕ of
+    every order, emulated (here) and on the wire
+    (:mod:`~ada_loss.communication.wire`, which resumes a partial sum
+    received from its neighbour with ``compensation``)."""
 
-    def __init__(self, first, fmt, kahan):
+    def __init__(self, first, fmt, kahan, compensation=None, copy=True):
         self.fmt = fmt
         self.exact = fmt.is_float32
-        self.s = first.copy()
-        self.c = numpy.zeros_like(first) if kahan else None
+        self.s = first.copy() if copy else first
+        if not kahan:
+            self.c = None
+        elif compensation is None:
+            self.c = numpy.zeros_like(first)
+        else:
+            self.c = compensation
 
     def q(self, x):
         return x if self.exact else self.fmt.quantize(x)
@@ -129,7 +137,7 @@ def ring_sum(values, fmt, kahan=False):
     blocks = numpy.zeros((p, p, m), numpy.float32)
     blocks[:, valid] = values
     chunks = numpy.arange(p)
-    acc = _Accumulator(blocks[(chunks + 1) % p, chunks], fmt, kahan)
+    acc = Accumulator(blocks[(chunks + 1) % p, chunks], fmt, kahan)
     for step in range(2, p + 1):
         acc.add(blocks[(chunks + step) % p, chunks])
     return acc.s[valid]
@@ -146,7 +154,7 @@ def hierarchical_sum(values, fmt, group_size, kahan=False):
     p, n = values.shape
     k = check_order('hierarchical', group_size, p)
     grouped = values.reshape(p // k, k, n)
-    acc = _Accumulator(grouped[:, 0], fmt, kahan)
+    acc = Accumulator(grouped[:, 0], fmt, kahan)
     for member in range(1, k):
         acc.add(grouped[:, member])
     return ring_sum(acc.s, fmt, kahan)

@@ -5,7 +5,9 @@ Arguments: the case names (default: all).
 
 Each case: (loss-scaling mode, precision, CommPolicy options). Rank r's
 iterator yields shard r of every global batch, which is what the simulator
-cuts from the global batch.
+cuts from the global batch. A case name prefixed ``wire:`` runs the
+communicator in wire mode (codes on the wire). Every shard's loss of every
+step is recorded on both sides and compared too.
 """
 import json
 import sys
@@ -41,7 +43,23 @@ CASES = {
                                 'small_cnn',
                                 dict(fmt='e4m3', order='hierarchical',
                                      group_size=2, kahan=True)),
+    # hybrid: FP32 for the first half epoch (2 steps), then 4-bit FP4
+    'hybrid_fp4_e2m1': ('fp32', 'float32', 'small_cnn',
+                        dict(fmt='fp4_e2m1', fp32_epochs=0.5)),
 }
+
+
+class LossRecorder(object):
+    """The model as a loss function that keeps every loss it returns."""
+
+    def __init__(self, model):
+        self.model = model
+        self.losses = []
+
+    def __call__(self, *args):
+        loss = self.model(*args)
+        self.losses.append(float(loss.array))
+        return loss
 
 
 def make_model(name, precision):
@@ -68,20 +86,24 @@ def scaling_for(mode):
     return s
 
 
-def run_case(comm, train, mode, precision, model_name, options):
+def run_case(comm, train, mode, precision, model_name, options,
+             wire=False):
     n = comm.size
     policy = CommPolicy(**options)
     total = PER_RANK * n * STEPS
     mine = [train[g * PER_RANK * n + comm.rank * PER_RANK + i]
             for g in range(STEPS) for i in range(PER_RANK)]
     model = make_model(model_name, precision)
-    opt = build_aps_optimizer(model, precision, TRAIN, comm, policy)
+    opt = build_aps_optimizer(model, precision, TRAIN, comm, policy, wire)
     it = chainer.iterators.SerialIterator(mine, PER_RANK, shuffle=False)
-    up = APSDistributedUpdater(it, opt, scaling_for(mode), comm, mode=mode)
+    recorder = LossRecorder(model)
+    up = APSDistributedUpdater(it, opt, scaling_for(mode), comm, mode=mode,
+                               loss_func=recorder)
     prime_multi_node_optimizer(opt, comm)
     for _ in range(STEPS):
         up.update()
     gathered = comm.mpi_comm.gather(params(model), root=0)
+    rank_losses = comm.mpi_comm.gather(recorder.losses, root=0)
     if comm.rank != 0:
         return None
 
@@ -90,14 +112,18 @@ def run_case(comm, train, mode, precision, model_name, options):
         sim_opt = build_optimizer(sim_model, precision, **TRAIN)
         sim_it = chainer.iterators.SerialIterator(
             [train[i] for i in range(total)], PER_RANK * n, shuffle=False)
+        sim_rec = LossRecorder(sim_model)
         sim = SimulatedDataParallelUpdater(sim_it, sim_opt, scaling_for(mode),
-                                           n, pol, mode=mode)
+                                           n, pol, mode=mode,
+                                           loss_func=sim_rec)
         for _ in range(STEPS):
             sim.update()
-        return params(sim_model), sim.skipped_steps
+        return params(sim_model), sim.skipped_steps, sim_rec.losses
 
-    sim, skipped = simulate(policy)
-    fp32, _ = simulate(CommPolicy('float32', aps=False))
+    sim, skipped, sim_losses = simulate(policy)
+    fp32, _, _ = simulate(CommPolicy('float32', aps=False))
+    # the simulator runs the shards of a step in rank order
+    mpi_losses = [rank_losses[r][t] for t in range(STEPS) for r in range(n)]
 
     def maxdiff(a, b):
         return max(float(numpy.abs(a[k].astype(numpy.float64) - b[k]).max())
@@ -110,6 +136,9 @@ def run_case(comm, train, mode, precision, model_name, options):
                                  for r in range(n) for k in sim),
             'keys': len(sim), 'sim_vs_mpi': maxdiff(sim, gathered[0]),
             'lowp_vs_fp32': maxdiff(sim, fp32), 'skipped': skipped,
+            'losses': len(sim_losses),
+            'losses_equal': sim_losses == mpi_losses,
+            'wire': wire,
             'iterations': up.iteration}
 
 
@@ -118,7 +147,9 @@ def main():
     train, _ = get_digits(size=16)
     out = {}
     for name in (sys.argv[1:] or sorted(CASES)):
-        out[name] = run_case(comm, train, *CASES[name])
+        wire = name.startswith('wire:')
+        out[name] = run_case(comm, train, *CASES[name[5:] if wire else name],
+                             wire=wire)
     if comm.rank == 0:
         print('RESULT ' + json.dumps(out))
     MPI.COMM_WORLD.Barrier()

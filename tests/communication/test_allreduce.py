@@ -9,6 +9,7 @@ from ada_loss.communication import (
     average_round_off_error, find_max_exp, hierarchical_steps,
     low_precision_sum, plain_mean, ring_steps)
 from ada_loss.communication import exponents as X
+from ada_loss.communication.allreduce import scale_pow2
 from ada_loss.communication.cost import message_bytes
 from ada_loss.communication.roundoff import exact_mean
 from ada_loss.formats import get_format
@@ -264,3 +265,21 @@ def test_vectorized_exponents_match_per_layer():
                                   if s else 0, 8) for o, s in segs]
             assert list(got[r]) == want
             assert list(X.layer_max_exps(buf[r], segs, 8)) == want
+
+
+def test_scale_pow2_is_ldexp_bit_for_bit():
+    """The shift/unshift by powers of two (a multiplication where the
+    exponents allow) equals ldexp on normals, subnormals, overflow, ±0,
+    Inf, NaN; exponents out of float32's normal range take ldexp."""
+    rng = numpy.random.RandomState(0)
+    x = (rng.standard_normal(3000) *
+         2.0 ** rng.randint(-149, 128, 3000)).astype(numpy.float32)
+    x[:6] = [0.0, -0.0, numpy.inf, -numpy.inf, numpy.nan, 1.5e-45]
+    for lo, hi in ((-126, 128), (-140, 140)):
+        exps = rng.randint(lo, hi, x.size).astype(numpy.int32)
+        with numpy.errstate(over='ignore'):
+            got = scale_pow2(x, exps)
+            want = numpy.ldexp(x, exps).astype(numpy.float32)
+        assert got.dtype == numpy.float32
+        assert numpy.array_equal(got.view(numpy.uint32),
+                                 want.view(numpy.uint32))
