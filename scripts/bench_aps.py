@@ -72,14 +72,13 @@ def model_and_data(batch, seed=0):
 def single(args):
     from ada_loss.communication import CommPolicy
     from ada_loss.communication import simulator as S
-    from ada_loss.experiment.run import build_optimizer
+    from ada_loss.experiment.trainer import build_optimizer
     from ada_loss.scaling import make_loss_scaling
     n, batch = args.workers, args.workers * args.per_worker
     runs = []
     for name, kw in POLICIES:
         model, data = model_and_data(batch)
-        opt = build_optimizer(model, 'float32', {'lr': 0.01, 'momentum': 0.9,
-                                                 'weight_decay': 1e-4})
+        opt = build_optimizer(model, 'float32', 0.01, 0.9, 1e-4)
         it = chainer.iterators.SerialIterator(data, batch, shuffle=False)
         up = S.SimulatedDataParallelUpdater(
             it, opt, make_loss_scaling('fp32'), n, CommPolicy(**kw),

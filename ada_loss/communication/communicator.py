@@ -130,23 +130,6 @@ def create_aps_multi_node_optimizer(optimizer, comm, policy, wire=False):
         optimizer, APSCommunicator(comm, policy, wire))
 
 
-def build_aps_optimizer(model, precision, train_cfg, comm, policy,
-                        wire=False):
-    """:func:`ada_loss.experiment.run.build_optimizer` (MomentumSGD, FP32
-    master weights, weight-decay hooks) with APS communication
-    (``wire=True``: the real low-precision all-reduce)."""
-    import chainer
-    from ada_loss.training import setup_optimizer
-    from ada_loss.training.hooks import add_weight_decay
-    opt = chainer.optimizers.MomentumSGD(lr=train_cfg['lr'],
-                                         momentum=train_cfg['momentum'])
-    opt = create_aps_multi_node_optimizer(opt, comm, policy, wire)
-    setup_optimizer(opt, model, precision)
-    if train_cfg['weight_decay'] > 0:
-        add_weight_decay(model, train_cfg['weight_decay'])
-    return opt
-
-
 class APSDistributedUpdater(DistributedMixedPrecisionUpdater):
     """The distributed updater that tells the APS communicator the epoch
     (``iterator.epoch_detail`` before the step's batch is drawn; the same

@@ -179,6 +179,9 @@ class SimulatedDataParallelUpdater(MixedPrecisionUpdater):
                         ', '.join(nonfinite_params(model)[:8])))
             model.cleargrads()
         self.loss_scaling.update(not finite)
+        # As StandardUpdater: the epoch is the iterator's
+        if self.auto_new_epoch and iterator.is_new_epoch:
+            optimizer.new_epoch(auto=True)
         chainer.report({'loss_scale': self.loss_scaling.scale,
                         'skipped_steps': self.skipped_steps,
                         'shard_loss': self.last_loss})

@@ -443,7 +443,7 @@ def main(study, argv=None, default_config=None, description=None,
         try:
             run_cells(study, cfg, cells, args.out, args.resume, args.force,
                       comm, args.jobs, cache=cache)
-        except RunFolderLocked as e:
+        except (RunFolderLocked, C.ConfigError) as e:   # lock; ranks
             return _error(e)
     if comm is not None and comm.rank != 0:
         return 0

@@ -1,9 +1,8 @@
 """The parts of a training run shared by every table (paper §4.1 CIFAR,
 §4.2 ImageNet, §4.3 SSD) on Chainer's Trainer.
 
-A run (:func:`ada_loss.experiment.run.run_one`,
-:func:`ada_loss.experiment.imagenet.run_imagenet`,
-:func:`ada_loss.detection.train.run_ssd`) goes through the same steps:
+A run (the ``run`` of every study in :mod:`ada_loss.experiment.studies`)
+goes through the same steps:
 
 * :func:`open_run`: its folder, ``config.yaml`` and the first ``run.json``
   (status ``running``; ``--resume`` keeps ``started``);
@@ -36,6 +35,8 @@ import threadpoolctl
 from chainer.training import extensions as E
 
 from ada_loss import atomic
+from ada_loss.communication.communicator import (
+    APSDistributedUpdater, create_aps_multi_node_optimizer)
 from ada_loss.experiment import runinfo as R
 from ada_loss.errors import NonFiniteGradientError
 from ada_loss.training import MixedPrecisionUpdater
@@ -142,7 +143,7 @@ def open_run(folder, fields, description, config_text, resume=False,
 
 
 def make_updater(train_iter, optimizer, scaling, spec, comm=None,
-                 summary_path=None):
+                 summary_path=None, aps=False):
     """The (distributed) mixed-precision updater of mode ``spec``. What the
     loss scaling prints while wrapping the model (AdaLossScaled's layer
     list) is captured and, on rank 0, written to ``summary_path`` if given
@@ -153,8 +154,10 @@ def make_updater(train_iter, optimizer, scaling, spec, comm=None,
             updater = MixedPrecisionUpdater(train_iter, optimizer, scaling,
                                             mode=str(spec))
         else:
-            updater = DistributedMixedPrecisionUpdater(
-                train_iter, optimizer, scaling, comm, mode=str(spec))
+            cls = APSDistributedUpdater if aps else \
+                DistributedMixedPrecisionUpdater
+            updater = cls(train_iter, optimizer, scaling, comm,
+                          mode=str(spec))
             prime_multi_node_optimizer(optimizer, comm)
     if summary_path and is_writer(comm) and summary.getvalue():
         atomic.write_text(summary_path, summary.getvalue())
@@ -162,15 +165,22 @@ def make_updater(train_iter, optimizer, scaling, spec, comm=None,
 
 
 def build_optimizer(model, precision, lr, momentum, weight_decay,
-                    comm=None):
+                    comm=None, aps_policy=None, wire=False):
     """MomentumSGD (+ ChainerMN wrapper) with FP32 master weights for the
     low precisions and weight decay as a hook of every parameter's update
     rule: there it sees the gradient after the FP32 unscaling (an
     optimizer-level hook would see the loss-scaled gradient; Chainer's own
     WeightDecay would multiply its rate by the loss scale there, see
-    :mod:`ada_loss.training.hooks`)."""
+    :mod:`ada_loss.training.hooks`).
+
+    With ``comm``: ChainerMN's multi-node optimizer with the loss-scale sync;
+    with an ``aps_policy`` (:class:`~ada_loss.communication.CommPolicy`) too,
+    the gradients travel in its format with APS (``wire``: as codes of the
+    format, else the emulation)."""
     opt = chainer.optimizers.MomentumSGD(lr=lr, momentum=momentum)
-    if comm is not None:
+    if comm is not None and aps_policy is not None:
+        opt = create_aps_multi_node_optimizer(opt, comm, aps_policy, wire)
+    elif comm is not None:
         opt = create_multi_node_optimizer(opt, comm)
     setup_optimizer(opt, model, precision)
     if weight_decay > 0:

@@ -49,14 +49,16 @@ _NAN_BITS = 0x7FC00000
 _ML_FASTER = ('bfloat16',)
 
 
+try:                    # optional: the GPU path
+    import cupy as _cupy
+except ImportError:     # tried once: a failed import searches sys.path
+    _cupy = None
+
+
 def array_module(a):
     """``numpy`` or ``cupy``, whichever ``a`` belongs to (NumPy when CuPy,
     an optional dependency, is not installed)."""
-    try:
-        import cupy
-    except ImportError:
-        return numpy
-    return cupy.get_array_module(a)
+    return numpy if _cupy is None else _cupy.get_array_module(a)
 
 
 def _bits_of(value):

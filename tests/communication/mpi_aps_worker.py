@@ -19,8 +19,7 @@ import chainermn
 from mpi4py import MPI
 
 from ada_loss.communication import CommPolicy
-from ada_loss.communication.communicator import (
-    APSDistributedUpdater, build_aps_optimizer)
+from ada_loss.communication.communicator import APSDistributedUpdater
 from ada_loss.communication.simulator import SimulatedDataParallelUpdater
 from ada_loss.datasets import get_digits
 from ada_loss.experiment.trainer import build_optimizer
@@ -94,7 +93,8 @@ def run_case(comm, train, mode, precision, model_name, options,
     mine = [train[g * PER_RANK * n + comm.rank * PER_RANK + i]
             for g in range(STEPS) for i in range(PER_RANK)]
     model = make_model(model_name, precision)
-    opt = build_aps_optimizer(model, precision, TRAIN, comm, policy, wire)
+    opt = build_optimizer(model, precision, comm=comm, aps_policy=policy,
+                          wire=wire, **TRAIN)
     it = chainer.iterators.SerialIterator(mine, PER_RANK, shuffle=False)
     recorder = LossRecorder(model)
     up = APSDistributedUpdater(it, opt, scaling_for(mode), comm, mode=mode,

@@ -9,9 +9,12 @@ import shutil
 import subprocess
 import sys
 
+import numpy
 import pytest
 
 from ada_loss.experiment import runinfo as R
+from ada_loss.experiment import runner
+from ada_loss.experiment.studies.classification import STUDY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, '..', '..')
@@ -98,3 +101,49 @@ def test_table_runner_under_mpiexec(tiny_config, out_dir):
         assert info['status'] == 'finished' and info['world_size'] == 2
         assert info['iterations'] == 3
         assert os.path.exists(os.path.join(folder, R.SNAPSHOT))
+
+
+def test_low_precision_communication_on_the_wire(tiny_config, out_dir):
+    """``comm.format`` under --mpi: the gradients travel as e4m3 codes with
+    APS (``comm.wire``), and the run equals the emulated all-reduce of the
+    same policy bit for bit (weights and log)."""
+    finals = {}
+    for wire in ('true', 'false', 'fp32'):
+        path = tiny_config(grid={'modes': ['adaptive']},
+                           train={'max_iterations': 3},
+                           table='wire_' + wire)
+        sets = ['--set', 'comm.format=e4m3', '--set', 'comm.kahan=true',
+                '--set', 'comm.wire=' + wire] if wire != 'fp32' else []
+        mpirun([os.path.join(ROOT, 'experiments', 'table1.py'),
+                '--config', path, '--out', out_dir, '--mpi'] + sets)
+        folder = os.path.join(out_dir, 'wire_' + wire,
+                              'small_cnn-digits-adaptive-s0')
+        info = R.read_run(folder)
+        assert info['status'] == 'finished' and info['world_size'] == 2
+        with open(os.path.join(folder, 'config.yaml')) as f:
+            assert ('format: e4m3' in f.read()) == (wire != 'fp32')
+        with numpy.load(os.path.join(folder, R.SNAPSHOT)) as snap:
+            finals[wire] = {k: snap[k] for k in snap.files
+                            if k.startswith('updater/model:main/')}
+        with open(os.path.join(folder, 'log.csv')) as f:
+            finals[wire]['log'] = [row.split(',')[:4] for row in f]
+    assert finals['true'].keys() == finals['false'].keys()
+    assert len(finals['true']) > 5
+    for k in finals['true']:
+        if k == 'log':
+            assert finals['true'][k] == finals['false'][k]
+        else:
+            assert numpy.array_equal(finals['true'][k], finals['false'][k]), k
+    # and e4m3 communication is not ChainerMN's FP32 averaging
+    assert any(not numpy.array_equal(finals['true'][k], finals['fp32'][k])
+               for k in finals['true'] if k != 'log')
+
+
+def test_low_precision_communication_needs_ranks(tiny_config, out_dir,
+                                                 capsys):
+    path = tiny_config()
+    assert runner.main(STUDY, ['--config', path, '--out', out_dir,
+                               '--set', 'comm.format=e4m3']) == 2
+    err = capsys.readouterr().err
+    assert "'comm.format'" in err and '--mpi' in err
+    assert not os.path.exists(out_dir)

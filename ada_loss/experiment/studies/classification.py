@@ -36,6 +36,8 @@ import numpy
 from chainer import training
 from chainer.training import extensions as E
 
+from ada_loss.communication.policy import CommPolicy
+from ada_loss.communication.summation import ORDERS
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables
@@ -164,6 +166,38 @@ class Log:
                                'loss-scale plot')
 
 
+@dataclasses.dataclass
+class Comm:
+    """Low-precision gradient communication of a data-parallel run (APS,
+    seed 004; :mod:`ada_loss.communication`)."""
+    format: Optional[C.FormatName] = setting(
+        None, 'gradient format of the all-reduce, e.g. e4m3, e5m2, '
+        'fp4_e2m1 (null: ChainerMN\'s FP32 averaging); needs --mpi')
+    aps: bool = setting(True, 'APS: shift each layer by a power of two so '
+                              'that no partial sum overflows')
+    order: Literal[ORDERS] = setting('ring', 'ring, or hierarchical (groups '
+                                     'of group_size ranks)')
+    group_size: Optional[int] = setting(None, 'k of the hierarchical order',
+                                        minimum=1)
+    kahan: bool = setting(False, 'Kahan summation in the format (§5.1.1)')
+    fp32_layers: List[str] = setting([], 'parameters kept in FP32 (fnmatch '
+                                     'patterns, e.g. "*/fc/*")',
+                                     nonempty=False)
+    fp32_epochs: float = setting(0, 'FP32 communication for the first E '
+                                 'epochs', minimum=0.0)
+    wire: bool = setting(True, 'send codes of the format through MPI (1 '
+                               'byte, or half a byte, per element); false: '
+                               'the emulation (FP32 payloads gathered)')
+
+    def policy(self):
+        """The :class:`~ada_loss.communication.CommPolicy`, or None for
+        ChainerMN's own FP32 averaging."""
+        if self.format is None:
+            return None
+        return CommPolicy(self.format, self.aps, self.order, self.group_size,
+                          self.kahan, self.fp32_layers, self.fp32_epochs)
+
+
 #: Sections that ``per_model.<model>`` may override for one model.
 PER_MODEL_SECTIONS = {'model': Model, 'data': Data, 'train': Train,
                       'log': Log}
@@ -218,6 +252,7 @@ class Config:
     data: Data = section(Data)
     train: Train = section(Train)
     log: Log = section(Log)
+    comm: Comm = section(Comm)
     per_model: PerModel = setting({}, 'per-model overrides of the sections '
                                   + ', '.join(PER_MODEL_SECTIONS))
 
@@ -244,7 +279,13 @@ class Config:
         return out
 
     def check(self):
-        """Every mode of the grid builds, in every precision it runs in."""
+        """Every mode of the grid builds, in every precision it runs in; the
+        communication policy is a valid one."""
+        if self.comm.format is not None:
+            try:
+                self.comm.policy()
+            except ValueError as e:
+                raise C.ConfigError('comm', str(e))
         if not self.modes():
             raise C.ConfigError('grid.modes', 'no mode to run: give '
                                 'grid.modes and/or grid.fixed_scales')
@@ -343,6 +384,12 @@ class ClassificationStudy(Study):
     def preload(self, cfg, cells):
         """Every dataset the cells need: {(dataset, data section): (train,
         test)}."""
+        if cfg.comm.format is not None and not cfg.distributed:
+            raise C.ConfigError(
+                'comm.format', 'low-precision gradient communication needs '
+                'data-parallel ranks: run under mpiexec with --mpi (or '
+                'distributed: true); to study it in one process, see '
+                'experiments/aps_table4.py')
         cache = {}
         for cell in cells:
             data = cfg.for_model(cell.model).data
@@ -354,6 +401,12 @@ class ClassificationStudy(Study):
     def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
         """Trains one cell; returns its ``run.json`` dict."""
         c = cfg.for_model(cell.model)
+        policy = c.comm.policy() if comm is not None else None
+        if policy is not None:
+            try:
+                policy.check(comm.size)
+            except ValueError as e:
+                raise C.ConfigError('comm.group_size', str(e))
         rcfg = self.run_config(cfg, cell)
         precision = rcfg['run']['precision']
         train_cfg, mcfg = c.train, c.model
@@ -382,7 +435,8 @@ class ClassificationStudy(Study):
                 mcfg.width, mcfg.shortcut), precision)
         optimizer = TR.build_optimizer(model, precision, train_cfg.lr,
                                        train_cfg.momentum,
-                                       train_cfg.weight_decay, comm)
+                                       train_cfg.weight_decay, comm, policy,
+                                       c.comm.wire)
         train, test, batchsize = TR.scatter(train, test, train_cfg.batchsize,
                                             comm, cell.seed,
                                             'train.batchsize')
@@ -392,7 +446,8 @@ class ClassificationStudy(Study):
 
         scaling = make_loss_scaling(cell.mode, precision)
         updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm,
-                                  os.path.join(folder, 'scaling.txt'))
+                                  os.path.join(folder, 'scaling.txt'),
+                                  aps=policy is not None)
         stop = StopAt(epochs=train_cfg.epochs,
                       iterations=train_cfg.max_iterations)
         trainer = training.Trainer(updater, stop, out=folder)
