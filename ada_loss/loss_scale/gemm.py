@@ -191,12 +191,10 @@ def bound_gain(func, W, bound):
     if bound == 'output':
         return func.grad_input_gain(W)
     if bound == 'gauss':
-        if getattr(func, 'groups', 1) != 1:
-            raise NotImplementedError(
-                "bound='gauss' supports GEMMs with groups=1 only (got "
-                "groups={}); use bound='output'".format(func.groups))
-        return (func.grad_input_gain(W),
-                grad_input_gain_l2(W, func.grad_input_axes))
+        # Σ_i W_ij² is the node's own ∞-norm gain of W² (its axes and
+        # groups), squared in float64
+        W2 = _xp(W).square(W.astype(numpy.float64))
+        return func.grad_input_gain(W), math.sqrt(func.grad_input_gain(W2))
     return None
 
 
