@@ -9,13 +9,14 @@ mode, probing every GEMM layer at every ``--every``-th step, and writes
     python experiments/fp8_diagnosis.py [--config C] [--set k=v ...]
         [--modes none fixed:256 adaptive ...] [--seed 0] [--every 1]
         [--out benchmarks/fp8_diagnosis/demo_fp8]
+    python experiments/fp8_diagnosis.py --table results/demo_fp8
 """
 import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
-from ada_loss.analysis.fp8_diagnosis import diagnose  # NOQA
+from ada_loss.analysis.fp8_diagnosis import diagnose, mode_table  # NOQA
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), '..'))
 MODES = ['none', 'fixed:16', 'fixed:256', 'dynamic:style=chainer',
@@ -36,7 +37,13 @@ def main(argv=None):
     p.add_argument('--every', type=int, default=1)
     p.add_argument('--out', default=os.path.join(
         ROOT, 'benchmarks', 'fp8_diagnosis', 'demo_fp8'))
+    p.add_argument('--table', default=None, metavar='DIR',
+                   help='only print the per-mode table of the run.json '
+                        'files under DIR (mean ± std over seeds) and exit')
     a = p.parse_args(argv)
+    if a.table:
+        print(mode_table(a.table))
+        return 0
     diagnose(a.config, a.modes, a.out, a.set, a.model, a.dataset, a.seed,
              a.every, a.precision)
     return 0

@@ -244,3 +244,38 @@ def diagnose(config, modes, out, sets=(), model=None, dataset=None, seed=0,
     atomic.write_text(os.path.join(out, 'summary.json'),
                       json.dumps(summary, indent=2))
     return summary
+
+
+def mode_table(folder):
+    """Markdown table of every run.json under ``folder``, one row per
+    (precision, dataset, model, mode) — every mode string its own row, where
+    the precision table merges the options of a mode into one column:
+    final test accuracy mean ± sample std over seeds, n, mean skipped."""
+    from ada_loss.experiment import runinfo as R
+    groups = {}
+    for root, _, files in os.walk(folder):
+        if 'run.json' not in files:
+            continue
+        info = R.read_run(root)
+        if not info or info.get('status') not in (R.FINISHED, R.DIVERGED):
+            continue
+        key = (info.get('precision'), info['dataset'], info['model'],
+               info['mode'])
+        groups.setdefault(key, []).append(info)
+    lines = ['| Precision | Dataset | Model | Mode | Accuracy (%) | n | '
+             'diverged | skipped steps (mean) |', '|---|---|---|---|---|---|'
+             '---|---|']
+    for key in sorted(groups, key=lambda k: tuple(str(x) for x in k)):
+        rs = groups[key]
+        accs = [100 * r['final_test_accuracy'] for r in rs
+                if r.get('status') == R.FINISHED
+                and r.get('final_test_accuracy') is not None]
+        div = sum(r.get('status') == R.DIVERGED for r in rs)
+        acc = ('{:.2f} ± {:.2f}'.format(numpy.mean(accs),
+                                        numpy.std(accs, ddof=1))
+               if len(accs) > 1 else '{:.2f}'.format(accs[0]) if accs
+               else '—')
+        skipped = numpy.mean([r.get('skipped_steps') or 0 for r in rs])
+        lines.append('| {} | {} | {} | {} | {} | {} | {} | {:.1f} |'.format(
+            *key, acc, len(accs), div, skipped))
+    return '\n'.join(lines)
