@@ -32,7 +32,7 @@ from ada_loss.training import dtype_config
 from ada_loss.training.extensions import StepLearningRate
 
 SUMMARY_FIELDS = ('mode', 'layer_id', 'layer', 'log2_alpha', 'log2_beta',
-                  'uf_in', 'uf_out', 'of_out', 'set_by_upper',
+                  'uf_in', 'of_in', 'headroom_in_log2', 'uf_out', 'of_out', 'set_by_upper',
                   'set_by_lower', 'set_by_one', 'pred_over_peak_output',
                   'pred_over_peak_product', 'headroom_log2', 'k', 'uf_w', 'err_x', 'err_w')
 
@@ -130,6 +130,8 @@ def summarize(records):
             'log2_beta': _mean([math.log2(r['beta']) for r in rs]),
             'uf_in': _mean([r['uf_in'] for r in rs]),
             'uf_out': _mean([r['uf_out'] for r in rs]),
+            'of_in': _mean([r['of_in'] for r in rs]),
+            'headroom_in_log2': _mean([r['headroom_in_log2'] for r in rs]),
             'of_out': _mean([r['of_out'] for r in rs]),
             'set_by_upper': sum(r['set_by'] == 'upper' for r in rs) / n,
             'set_by_lower': sum(r['set_by'] == 'lower' for r in rs) / n,
@@ -158,22 +160,27 @@ def write_summary_csv(rows, path):
 
 
 def plot(records, rows, path, title):
-    """Six panels per layer (x = layer ID, loss side first), one line per
-    mode: underflow of the entering / produced gradient, log2 α, set-by
-    fractions of adaptive, the bounds' predicted / observed peak, log2 of
-    the unused headroom u_max / max|β·gx|."""
+    """Panels per layer (x = layer ID, loss side first), one line per mode:
+    underflow of the entering / produced gradient, relative error of the
+    weight gradient, log2 α, unused headroom log2(u_max / max|β·gx|), the
+    bounds' predicted / observed max|β·gx|, the weight-gradient shift k;
+    and mean log2 α over training."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     modes = list(dict.fromkeys(r['mode'] for r in rows))
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    panels = [('uf_in', 'underflow of entering gradient', False),
-              ('uf_out', 'underflow of produced gradient β·gx', False),
-              ('log2_alpha', 'log2 α (entering scale)', False),
-              ('headroom_log2', 'log2 u_max / max|β·gx| (unused headroom)',
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
+    panels = [('uf_in', 'underflow of the gradient entering the GEMM', False),
+              ('uf_out', 'underflow of the produced gradient β·gx', False),
+              ('err_w', 'rel. error of the weight gradient (vs FP32)', True),
+              ('log2_alpha', 'log2 α (scale of the entering gradient)',
                False),
-              ('pred_over_peak_output', "bound 'output': predicted / observed"
-               ' max|β·gx|', True)]
+              ('headroom_log2', 'unused headroom log2(u_max / max|β·gx|)',
+               False),
+              ('pred_over_peak_output', "bound 'output': predicted / "
+               'observed max|β·gx|', True),
+              ('headroom_in_log2', 'headroom of the entering gradient '
+               'log2(u_max / max|gy|)', False)]
     for ax, (key, label, log) in zip(axes.flat, panels):
         for m in modes:
             mine = [r for r in rows if r['mode'] == m]
@@ -184,26 +191,17 @@ def plot(records, rows, path, title):
         if log:
             ax.set_yscale('log')
     axes.flat[0].legend(fontsize=7)
-    ax = axes.flat[5]
+    ax = axes.flat[7]
     for m in modes:
-        if not m.startswith('adaptive'):
-            continue
         mine = [r for r in records if r['mode'] == m]
         its = sorted({r['iteration'] for r in mine})
         ax.plot(its, [_mean([math.log2(r['alpha']) for r in mine
-                             if r['iteration'] == i]) for i in its],
-                label=m + ' (mean log2 α)')
-    for m in modes:
-        if m.startswith('fixed:'):
-            ax.axhline(math.log2(float(m.split(':')[1])), ls=':', color='k',
-                       lw=0.8)
-    ax.set_title('α over training (mean over layers; dotted: fixed S)',
-                 fontsize=9)
+                             if r['iteration'] == i]) for i in its], label=m)
+    ax.set_title('mean log2 α over the layers, over training', fontsize=9)
     ax.set_xlabel('iteration', fontsize=8)
-    ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
 

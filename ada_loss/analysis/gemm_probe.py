@@ -12,6 +12,10 @@ layer and step it can report:
 
 * ``uf_in``: the fraction of the nonzero entering gradient (as carried, α·δ)
   that rounds to 0 in the format (underflow of the gradient entering);
+* ``of_in``: the fraction of the entering gradient beyond u_max (or not
+  finite) — overflow *between* GEMMs (batch normalization's backward, branch
+  sums), which no bound on a GEMM's output sees; ``headroom_in_log2`` =
+  log2(u_max / max|entering gradient|);
 * ``uf_out`` / ``of_out``: the fraction of the nonzero produced gradient
   β·gx that rounds to 0 / exceeds u_max;
 * ``beta`` and which term of §3.2.3 set it (``set_by``: ``lower``,
@@ -52,7 +56,8 @@ from ada_loss.loss_scale import gemm as G
 
 #: Column order of the probe's CSV.
 FIELDS = ('mode', 'iteration', 'layer_id', 'layer', 'alpha', 'beta',
-          'set_by', 'lower', 'upper', 'uf_in', 'uf_out', 'of_out', 'peak',
+          'set_by', 'lower', 'upper', 'uf_in', 'of_in', 'headroom_in_log2',
+          'uf_out', 'of_out', 'peak',
           'headroom_log2') + tuple('pred_' + b for b in G.BOUNDS) + (
           'k', 'uf_w', 'err_x', 'err_w', 'skipped')
 
@@ -131,8 +136,12 @@ class GemmProbe(chainer.FunctionHook):
         bgx = gx * numpy.float32(beta)
         q = fmt.quantize(bgx)
         peak = float(numpy.abs(bgx).max()) if bgx.size else 0.0
+        peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
         row = {'layer_id': lid, 'layer': key, 'beta': beta,
                'uf_in': _nonzero_lost(raw, gy),
+               'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
+               'headroom_in_log2': (math.log2(fmt.u_max / peak_in)
+                                    if peak_in > 0 else float('nan')),
                'uf_out': _nonzero_lost(bgx, q),
                'of_out': float((numpy.abs(bgx) > fmt.u_max).mean()),
                'peak': peak,
@@ -252,11 +261,15 @@ class ProbingLossScaling(object):
         self.inner.serialize(serializer)
 
 
+def _short(v):
+    return '{:.6g}'.format(v) if isinstance(v, float) else v
+
+
 def save_csv(records, path):
     def write(f):
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
         for r in records:
-            w.writerow({k: r.get(k) for k in FIELDS})
+            w.writerow({k: _short(r.get(k)) for k in FIELDS})
     atomic.replace_with(path, write)
     return path
