@@ -46,7 +46,7 @@ from ada_loss.experiment.runner import decide
 from ada_loss.scaling import parse_mode
 
 STUDY_DEFAULTS = {
-    'precisions': ['mixed16', 'fp8_e4m3'],
+    'precisions': ['fp8_e4m3', 'mixed16'],
     'fp32': True,
     'downsample': 2,
     'fig4': {'model': 'resnet110', 'precision': 'fp8_e4m3', 'seed': 0,
