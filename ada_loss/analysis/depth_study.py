@@ -26,7 +26,10 @@ and ``results.json``.
 """
 import collections
 import concurrent.futures
+import contextlib
 import copy
+import csv
+import io
 import json
 import math
 import multiprocessing
@@ -126,8 +129,6 @@ _CACHE = {}
 
 
 def _worker(cfg, cell, out, resume, factor):
-    import contextlib
-    import io
     key = (cell.dataset, repr(sorted(run_config(cfg, cell)['data'].items())),
            factor)
     if key not in _CACHE:
@@ -163,8 +164,9 @@ def run_grid(cfg, study, out, jobs=1, resume=True, force=False, log=print):
                 for c, cell, res in todo}
         for i, fut in enumerate(concurrent.futures.as_completed(futs)):
             c, cell = futs[fut]
+            info = fut.result()
             log('[{}/{}] {} {} {}'.format(i + 1, len(todo), c['table'],
-                                          run_name(cell), _brief(fut.result())))
+                                          run_name(cell), _brief(info)))
     return len(todo)
 
 
@@ -326,7 +328,6 @@ def fig4(cfg, study, out, runs, force=False, log=print):
 
 
 def load_probe_csv(path):
-    import csv
     rows = []
     with open(path, newline='') as f:
         for r in csv.DictReader(f):

@@ -9,6 +9,7 @@ summary ``summary.csv``, ``diagnosis.png`` and ``summary.json`` (final
 test accuracy and skipped steps of each mode).
 """
 import csv
+import functools
 import json
 import math
 import os
@@ -20,21 +21,23 @@ import numpy
 from ada_loss import atomic
 from ada_loss.analysis import gemm_probe
 from ada_loss.experiment import config as C
+from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import trainer as T
 from ada_loss.experiment.data import dataset_info, load_datasets
 from ada_loss.experiment.grid import Cell
 from ada_loss.experiment.models import build
 from ada_loss.experiment.run import build_optimizer, run_config
-from ada_loss.scaling import NonFiniteGradientError
+from ada_loss.scaling import AdaptiveScaling, NonFiniteGradientError
 from ada_loss.scaling import make_loss_scaling, parse_mode
 from ada_loss.training import Classifier, MixedPrecisionUpdater
 from ada_loss.training import dtype_config
 from ada_loss.training.extensions import StepLearningRate
 
 SUMMARY_FIELDS = ('mode', 'layer_id', 'layer', 'log2_alpha', 'log2_beta',
-                  'uf_in', 'of_in', 'headroom_in_log2', 'uf_out', 'of_out', 'set_by_upper',
-                  'set_by_lower', 'set_by_one', 'pred_over_peak_output',
-                  'pred_over_peak_product', 'headroom_log2', 'k', 'uf_w', 'err_x', 'err_w')
+                  'uf_in', 'of_in', 'headroom_in_log2', 'uf_out', 'of_out',
+                  'set_by_upper', 'set_by_lower', 'set_by_one',
+                  'pred_over_peak_output', 'pred_over_peak_product',
+                  'headroom_log2', 'k', 'uf_w', 'err_x', 'err_w')
 
 
 def _accuracy(model, test, batchsize):
@@ -79,8 +82,8 @@ def run_probed(cfg, cell, every=1, datasets=None):
              else None)
     scaling = gemm_probe.ProbingLossScaling(
         inner, cell.mode, every, spec.options.get('t_uf', 1e-3), bound)
-    if hasattr(inner, 'bind'):
-        inner.bind = _quiet(inner.bind)
+    if isinstance(inner, AdaptiveScaling):
+        inner.bind = functools.partial(inner.bind, verbose=False)
     updater = MixedPrecisionUpdater(it, optimizer, scaling, mode=str(spec))
     lr = StepLearningRate(train_cfg['lr'], train_cfg['lr_steps'],
                           train_cfg['lr_decay'])
@@ -99,13 +102,6 @@ def run_probed(cfg, cell, every=1, datasets=None):
         None if info['diverged'] else
         _accuracy(model, test, train_cfg['eval_batchsize']))
     return scaling.records, info
-
-
-def _quiet(bind):
-    def quiet(model, verbose=False):
-        return bind(model, verbose=False) if 'verbose' in \
-            bind.__code__.co_varnames else bind(model)
-    return quiet
 
 
 def _mean(values):
@@ -249,7 +245,6 @@ def mode_table(folder):
     (precision, dataset, model, mode) — every mode string its own row, where
     the precision table merges the options of a mode into one column:
     final test accuracy mean ± sample std over seeds, n, mean skipped."""
-    from ada_loss.experiment import runinfo as R
     groups = {}
     for root, _, files in os.walk(folder):
         if 'run.json' not in files:

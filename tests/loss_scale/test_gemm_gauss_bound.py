@@ -12,6 +12,7 @@ from ada_loss import links
 from ada_loss.loss_scale.gemm import (
     BOUNDS, bound_gain, gemm_loss_scale, gemm_scale_bounds, grad_input_gain,
     grad_input_gain_l2)
+from ada_loss.scaling import make_loss_scaling, parse_mode
 
 E4M3_MAX = 448.0
 E4M3_TINY = 2.0 ** -9
@@ -161,7 +162,6 @@ def test_bound_gain_gauss_of_a_grouped_convolution():
 
 
 def test_adaptive_mode_accepts_bound_gauss():
-    from ada_loss.scaling import make_loss_scaling, parse_mode
     assert parse_mode('adaptive:bound=gauss').options == {'bound': 'gauss'}
     make_loss_scaling('adaptive:bound=gauss', 'fp8_e4m3')
     with pytest.raises(ValueError, match='gauss'):
