@@ -20,6 +20,7 @@ import numpy
 
 from ada_loss import atomic
 from ada_loss.analysis import gemm_probe
+from ada_loss.analysis.auto_init_scale import AutoInitScale
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import trainer as T
@@ -32,6 +33,10 @@ from ada_loss.scaling import make_loss_scaling, parse_mode
 from ada_loss.training import Classifier, MixedPrecisionUpdater
 from ada_loss.training import dtype_config
 from ada_loss.training.extensions import StepLearningRate
+
+#: mode prefix of the prototype :mod:`ada_loss.analysis.auto_init_scale`
+#: (``auto_init:adaptive``): α_{N+1} by Eq. 1 from the loss gradient
+AUTO_INIT = 'auto_init:'
 
 SUMMARY_FIELDS = ('mode', 'layer_id', 'layer', 'log2_alpha', 'log2_beta',
                   'uf_in', 'of_in', 'headroom_in_log2', 'uf_out', 'of_out',
@@ -63,6 +68,10 @@ def run_probed(cfg, cell, every=1, datasets=None):
     Returns ``(records, info)``; info has ``final_test_accuracy``,
     ``skipped_steps``, ``iterations`` and ``diverged``.
     """
+    label = cell.mode
+    auto = cell.mode.startswith(AUTO_INIT)
+    if auto:
+        cell = cell._replace(mode=cell.mode[len(AUTO_INIT):])
     rcfg = run_config(cfg, cell)
     train_cfg, precision = rcfg['train'], rcfg['run']['precision']
     random.seed(cell.seed)
@@ -80,14 +89,19 @@ def run_probed(cfg, cell, every=1, datasets=None):
     inner = make_loss_scaling(cell.mode, precision)
     bound = (spec.options.get('bound', 'output') if spec.name == 'adaptive'
              else None)
-    scaling = gemm_probe.ProbingLossScaling(
-        inner, cell.mode, every, spec.options.get('t_uf', 1e-3), bound)
     if isinstance(inner, AdaptiveScaling):
         inner.bind = functools.partial(inner.bind, verbose=False)
+    if auto:
+        if spec.name != 'adaptive':
+            raise ValueError('{} needs an adaptive mode, got {!r}'.format(
+                AUTO_INIT, cell.mode))
+        inner = AutoInitScale(inner)
+    scaling = gemm_probe.ProbingLossScaling(
+        inner, label, every, spec.options.get('t_uf', 1e-3), bound)
     updater = MixedPrecisionUpdater(it, optimizer, scaling, mode=str(spec))
     lr = StepLearningRate(train_cfg['lr'], train_cfg['lr_steps'],
                           train_cfg['lr_decay'])
-    info = {'mode': cell.mode, 'diverged': None}
+    info = {'mode': label, 'diverged': None}
     while it.epoch_detail < train_cfg['epochs']:
         optimizer.lr = lr.value(updater.iteration, it.epoch_detail)
         try:
@@ -219,7 +233,9 @@ def diagnose(config, modes, out, sets=(), model=None, dataset=None, seed=0,
     for mode in modes:
         cell = Cell(model, dataset, mode, seed)
         if data is None:
-            data = load_datasets(dataset, run_config(cfg, cell)['data'])
+            plain = cell._replace(mode=mode[len(AUTO_INIT):] if
+                                  mode.startswith(AUTO_INIT) else mode)
+            data = load_datasets(dataset, run_config(cfg, plain)['data'])
         recs, info = run_probed(cfg, cell, every, data)
         records += recs
         infos[mode] = info
