@@ -224,13 +224,15 @@ def _column(mode):
 
 
 def best_fixed(runs, precision, model):
-    """(mode, stats) of the fixed scale with the best mean, or (None, None)."""
+    """(mode, stats) of the fixed scale with the best mean among those
+    none of whose runs diverged, or (None, None)."""
     best = (None, None)
     for (p, m, mode), rs in runs.items():
         if p != precision or m != model or not mode.startswith('fixed:'):
             continue
         s = stats(rs)
-        if s[0] is not None and (best[1] is None or s[0] > best[1][0]):
+        if s[0] is not None and not s[3] and (
+                best[1] is None or s[0] > best[1][0]):
             best = (mode, s)
     return best
 
