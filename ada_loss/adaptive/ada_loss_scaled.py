@@ -10,7 +10,7 @@ from ada_loss.formats import get_format
 from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.gemm import (
-    check_bound, check_scale, gemm_loss_scale, round_down_pow2)
+    bound_gain, check_bound, check_scale, gemm_loss_scale, round_down_pow2)
 
 
 class AdaLossScaled(object):
@@ -113,8 +113,7 @@ class AdaLossScaled(object):
             if is_device_scalar(alpha):
                 beta = self._gemm_scale_on_device(func, W, g)
             else:
-                gain = (func.grad_input_gain(W) if self.bound == 'output'
-                        else None)
+                gain = bound_gain(func, W, self.bound)
                 beta = gemm_loss_scale(W, g, self.t_uf, self.fmt,
                                        bound=self.bound, gain=gain,
                                        max_scale=self.max_layer_scale)

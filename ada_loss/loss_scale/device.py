@@ -471,6 +471,11 @@ def _constants(fmt, t_uf, bound, max_scale):
     if not 0 < t_uf < 1:
         raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
     check_bound(bound)
+    if bound not in _BOUND_CODES:
+        # no untested GPU kernel: compute such a bound on the host
+        raise NotImplementedError(
+            'the overflow bound {!r} has no device (CuPy) kernel; the device '
+            'path supports: {}'.format(bound, ', '.join(_BOUND_CODES)))
     f = get_format(fmt)
     return (float(f.u_min), float(f.u_max), math.sqrt(2.0),
             float(erfinv(t_uf)), cupy.int32(_BOUND_CODES[bound]),

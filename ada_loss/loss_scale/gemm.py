@@ -25,6 +25,22 @@ The overflow bound (``bound``):
   contracts, given by the GEMM node as ``gain``, see :func:`grad_input_gain`).
 * ``'fan_in'`` — the reference code's: the product bound divided by the
   forward fan-in.
+* ``'gauss'`` — *not in the paper* (issue 19): the paper's own Gaussian
+  model (§3.2.1) applied to the GEMM's output instead of one product. With
+  the entries of g modelled as independent with E[g²] = σ_g² + μ_g², the
+  input gradient gx_j = Σ_i g_i W_ij has variance E[g²] · Σ_i W_ij²; the
+  bound takes the widest column, σ_gx = √E[g²] · max_j ‖W_·j‖₂, and asks
+  that no entry of β·gx exceed u_max with probability ≥ 1 − T: by the union
+  bound over the n = g.size entries, P(|β·gx_j| > u_max) ≤ T / n each, i.e.
+
+      upper = u_max / (σ_gx · √2 · erfinv(1 − T / n)),
+
+  with T = T_uf (the same allowed rate for both tails; no new constant).
+  It is never tighter than ``'output'`` (a guarantee needs no more), so
+  upper = max(gauss, output). A heavier tail than the Gaussian can still
+  overflow: the step is then skipped and counted (the backstop of every
+  recovering mode). The caller passes ``gain = (‖·‖₁ gain, ‖·‖₂ gain)``,
+  see :func:`bound_gain`.
 
 This module needs NumPy only (CuPy arrays work too); SciPy's erfinv is used
 when installed, else :func:`erfinv` below.
@@ -38,7 +54,10 @@ import numpy
 from ada_loss.formats import get_format
 from ada_loss.formats.widen import widen
 
-BOUNDS = ('output', 'product', 'fan_in')
+BOUNDS = ('output', 'product', 'fan_in', 'gauss')
+
+#: bounds that need the caller's ``gain`` (see :func:`bound_gain`)
+GAIN_BOUNDS = ('output', 'gauss')
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
@@ -155,6 +174,30 @@ def grad_input_gain(W, axes):
     return float(xp.abs(a).sum(axis=axes).max()) if W.size else 0.0
 
 
+def grad_input_gain_l2(W, axes):
+    """max_j ‖W_·j‖₂ = max_j √(Σ_i W_ij²) over the axes the backward
+    contracts (as :func:`grad_input_gain`); the ``'gauss'`` bound's widest
+    column. Accumulated in float64."""
+    xp = _xp(W)
+    a = W.astype(numpy.float64)
+    return float(xp.sqrt((a * a).sum(axis=axes).max())) if W.size else 0.0
+
+
+def bound_gain(func, W, bound):
+    """The ``gain`` argument of :func:`gemm_scale_bounds` for GEMM node
+    ``func`` (an :class:`ada_loss.functions.gemm.GemmFunction`) under
+    ``bound``: its ∞-norm gain for ``'output'``, (∞-norm gain, widest
+    column 2-norm) for ``'gauss'``, None for the others."""
+    if bound == 'output':
+        return func.grad_input_gain(W)
+    if bound == 'gauss':
+        # Σ_i W_ij² is the node's own ∞-norm gain of W² (its axes and
+        # groups), squared in float64
+        W2 = _xp(W).square(W.astype(numpy.float64))
+        return func.grad_input_gain(W), math.sqrt(func.grad_input_gain(W2))
+    return None
+
+
 def check_bound(bound):
     if bound not in BOUNDS:
         raise ValueError('unknown overflow bound {!r}; expected one of: {}'
@@ -168,8 +211,9 @@ def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16', bound='product',
 
     Args:
         bound: ``'product'`` (the paper), ``'output'`` (needs ``gain``, see
-            :func:`grad_input_gain`) or ``'fan_in'`` (the product bound
-            divided by W.size // W.shape[0]).
+            :func:`grad_input_gain`), ``'fan_in'`` (the product bound
+            divided by W.size // W.shape[0]) or ``'gauss'`` (needs ``gain =
+            (grad_input_gain, grad_input_gain_l2)``, see :func:`bound_gain`).
 
     Returns ``lower = None`` when σ_p = 0 (W or g all zero) and
     ``upper = None`` when the bound's denominator is 0 (no overflow possible).
@@ -188,6 +232,14 @@ def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16', bound='product',
             raise ValueError("bound='output' needs the GEMM's gain "
                              '(grad_input_gain(W, axes))')
         peak = g_max * gain
+    elif bound == 'gauss':
+        if not (isinstance(gain, tuple) and len(gain) == 2):
+            raise ValueError("bound='gauss' needs gain=(grad_input_gain(W, "
+                             'axes), grad_input_gain_l2(W, axes)), got {!r}'
+                             .format(gain))
+        z = math.sqrt(2.0) * erfinv(1.0 - t_uf / max(g.size, 1))
+        # a guarantee (the 'output' bound) needs no more than itself
+        peak = min(g_max * gain[0], math.sqrt(g2) * gain[1] * z)
     else:
         peak = w_max * g_max
         if bound == 'fan_in':

@@ -8,8 +8,10 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 import numpy as np
+import pytest
 
 from ada_loss.adaptive import AdaLossScaled
+from ada_loss.loss_scale.gemm import BOUNDS
 
 from ada_test_helpers import (
     assert_params_bit_equal, assert_params_changed, is_pow2, params_dict)
@@ -118,11 +120,12 @@ def _run_both(make_model, batches, loss_of, init_scale=1.0, seed=0,
     return plain, ada_model, ada, records
 
 
-def test_mlp_bit_exact():
+@pytest.mark.parametrize('bound', BOUNDS)
+def test_mlp_bit_exact(bound):
     rng = np.random.RandomState(0)
     batches = [(rng.randn(16, 20).astype(np.float32),
                 rng.randint(0, 5, 16).astype(np.int32)) for _ in range(2)]
-    _, _, ada, records = _run_both(MLP, batches, _mlp_loss)
+    _, _, ada, records = _run_both(MLP, batches, _mlp_loss, bound=bound)
     for alphas, betas in records:
         assert set(alphas) == {'l1', 'l2', 'l3'}
         assert max(betas.values()) > 1
@@ -145,11 +148,13 @@ def test_mlp_bit_exact_with_init_scale():
     assert ada_model.l3.W._loss_scale == 8.0
 
 
-def test_resblock_bit_exact():
+@pytest.mark.parametrize('bound', BOUNDS)
+def test_resblock_bit_exact(bound):
     rng = np.random.RandomState(2)
     batches = [(rng.randn(4, 3, 6, 6).astype(np.float32),
                 rng.randint(0, 5, 4).astype(np.int32)) for _ in range(2)]
-    _, _, ada, records = _run_both(ResBlockNet, batches, _mlp_loss, seed=2)
+    _, _, ada, records = _run_both(ResBlockNet, batches, _mlp_loss, seed=2,
+                                   bound=bound)
     for alphas, betas in records:
         assert set(alphas) == {'conv0', 'conv1', 'conv2', 'fc'}
         assert max(betas.values()) > 1
@@ -168,11 +173,12 @@ def _multihead_loss(x):
     return fn
 
 
-def test_multihead_bit_exact():
+@pytest.mark.parametrize('bound', BOUNDS)
+def test_multihead_bit_exact(bound):
     rng = np.random.RandomState(3)
     batches = [(rng.randn(2, 3, 8, 8).astype(np.float32),) for _ in range(2)]
     _, _, ada, records = _run_both(MultiHeadNet, batches, _multihead_loss,
-                                   seed=3)
+                                   seed=3, bound=bound)
     for alphas, betas in records:
         heads = ['head0', 'head1', 'head2']
         arriving = {h: alphas[h] * betas[h] for h in heads}

@@ -1,0 +1,417 @@
+"""The depth study (issue 19): Table 1's claim (§4.1: adaptive scaling gains
+most in the deepest network) in FP8 E4M3, on real data (Fashion-MNIST), at
+CIFAR ResNet depths 20/56/110. Not a table of the paper.
+
+The config (``configs/depth_study.yaml``) is a harness config (the grid:
+models, dataset, modes, fixed scales, seeds; model, data, train, log) plus a
+``study`` section read only here:
+
+* ``precisions``: the precisions the grid runs in (mixed16 = control);
+* ``fp32``: also one FP32 run per (model, seed);
+* ``downsample``: integer factor of average pooling of the 28x28 images
+  (CPU budget);
+* ``fig4``: ``model``, ``precision``, ``seed``, ``every`` (probe every n
+  steps) and ``fixed`` (``best``: the best fixed scale of the finished sweep
+  of that model and precision, else a mode such as ``fixed:256``).
+
+Every run goes through the harness's :func:`ada_loss.experiment.run.run_one`
+into ``<out>/<table>/<precision>/<run>/`` and is resumable (its snapshots);
+finished runs are skipped (``decide``). Written at the end, from whatever
+runs have finished: ``table1.md`` (rows = depth; columns FP32, then per
+precision None, Fixed (best), Dynamic, Adaptive, Amax), ``table4.md`` (the
+fixed sweep per depth and precision), ``fig4a.png`` (α per layer over
+training, adaptive, FP8), ``fig4b.png`` (underflow rate of the gradient
+entering each GEMM: none vs best fixed vs adaptive, FP8), ``fig4_records.csv``
+and ``results.json``.
+"""
+import collections
+import concurrent.futures
+import contextlib
+import copy
+import csv
+import io
+import json
+import math
+import multiprocessing
+import os
+
+import chainer
+import numpy
+
+from ada_loss import atomic
+from ada_loss.analysis import fp8_diagnosis, gemm_probe
+from ada_loss.experiment import config as C
+from ada_loss.experiment import runinfo as R
+from ada_loss.experiment.data import load_datasets
+from ada_loss.experiment.grid import Cell, expand_grid, run_name
+from ada_loss.experiment.run import run_config, run_folder, run_one
+from ada_loss.experiment.runner import decide
+from ada_loss.scaling import parse_mode
+
+STUDY_DEFAULTS = {
+    'precisions': ['fp8_e4m3', 'mixed16'],
+    'fp32': True,
+    'downsample': 2,
+    'fig4': {'model': 'resnet110', 'precision': 'fp8_e4m3', 'seed': 0,
+             'every': 10, 'fixed': 'best'},
+}
+
+COLUMNS = ('None', 'Fixed (best)', 'Dynamic', 'Adaptive', 'Amax')
+
+
+def load(path, sets=()):
+    """``(harness cfg, study dict)`` from the YAML file and ``key=value``
+    overrides (``study.*`` go to the study section)."""
+    raw = C.read_yaml(path)
+    study = copy.deepcopy(STUDY_DEFAULTS)
+    for k, v in (raw.pop('study', None) or {}).items():
+        if k not in study:
+            raise C.ConfigError('study.' + k, 'unknown key; allowed: '
+                                + ', '.join(study))
+        study[k] = dict(study[k], **v) if isinstance(study[k], dict) else v
+    harness_sets = [s for s in sets if not s.startswith('study.')]
+    study_raw = C.apply_overrides({'study': study},
+                                  [s for s in sets if s.startswith('study.')])
+    study = study_raw['study']
+    cfg = C.load_config(raw=raw, overrides=harness_sets)
+    if int(study['downsample']) < 1:
+        raise C.ConfigError('study.downsample', 'a positive integer')
+    return cfg, study
+
+
+def precision_config(cfg, precision, fp32=False):
+    """The harness config of one precision (``fp32``: the FP32 runs)."""
+    c = copy.deepcopy(cfg)
+    c['train']['precision'] = precision
+    c['table'] = '{}/{}'.format(cfg['table'], precision)
+    if fp32:
+        c['grid']['modes'], c['grid']['fixed_scales'] = ['fp32'], []
+    return c
+
+
+def all_cells(cfg, study):
+    """[(precision cfg, cell)] of the whole study, seed-major."""
+    out = []
+    if study['fp32']:
+        c = precision_config(cfg, 'float32', fp32=True)
+        out += [(c, cell) for cell in expand_grid(c)]
+    for p in study['precisions']:
+        c = precision_config(cfg, p)
+        out += [(c, cell) for cell in expand_grid(c)]
+    return sorted(out, key=lambda cc: (cc[1].seed,))
+
+
+class Downsample(object):
+    """Average pooling of an example's image by ``factor`` (picklable)."""
+
+    def __init__(self, factor):
+        self.factor = int(factor)
+
+    def __call__(self, example):
+        x, t = example
+        f = self.factor
+        if f == 1:
+            return x, t
+        c, h, w = x.shape
+        x = x[:, :h - h % f, :w - w % f].reshape(
+            c, h // f, f, w // f, f).mean(axis=(2, 4))
+        return x.astype(numpy.float32), t
+
+
+def datasets(cfg, cell, factor):
+    train, test = load_datasets(cell.dataset, run_config(cfg, cell)['data'])
+    tf = Downsample(factor)
+    return (chainer.datasets.TransformDataset(train, tf),
+            chainer.datasets.TransformDataset(test, tf))
+
+
+_CACHE = {}
+
+
+def _worker(cfg, cell, out, resume, factor):
+    key = (cell.dataset, repr(sorted(run_config(cfg, cell)['data'].items())),
+           factor)
+    if key not in _CACHE:
+        _CACHE[key] = datasets(cfg, cell, factor)
+    cfg = copy.deepcopy(cfg)
+    cfg['log']['progress'] = 'none'
+    with contextlib.redirect_stdout(io.StringIO()):
+        return run_one(cfg, cell, out, resume=resume, datasets=_CACHE[key])
+
+
+def run_grid(cfg, study, out, jobs=1, resume=True, force=False, log=print):
+    """Trains every unfinished cell (``jobs`` processes); returns the number
+    trained."""
+    todo = []
+    for c, cell in all_cells(cfg, study):
+        action, reason = decide(c, cell, out, resume, force)
+        if action == 'skip':
+            continue
+        todo.append((c, cell, action == 'resume'))
+    log('[depth] {} runs to train'.format(len(todo)))
+    factor = int(study['downsample'])
+    if jobs == 1:
+        for i, (c, cell, res) in enumerate(todo):
+            info = _worker(c, cell, out, res, factor)
+            log('[{}/{}] {} {} {}'.format(i + 1, len(todo), c['table'],
+                                          run_name(cell), _brief(info)))
+        return len(todo)
+    for var in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
+        os.environ.setdefault(var, '1')
+    ctx = multiprocessing.get_context('spawn')
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+        futs = {ex.submit(_worker, c, cell, out, res, factor): (c, cell)
+                for c, cell, res in todo}
+        for i, fut in enumerate(concurrent.futures.as_completed(futs)):
+            c, cell = futs[fut]
+            info = fut.result()
+            log('[{}/{}] {} {} {}'.format(i + 1, len(todo), c['table'],
+                                          run_name(cell), _brief(info)))
+    return len(todo)
+
+
+def _brief(info):
+    acc = info.get('final_test_accuracy')
+    return '{} acc {} skipped {} ({:.0f} s)'.format(
+        info.get('status'), 'n/a' if acc is None else '{:.2f}'.format(
+            100 * acc), info.get('skipped_steps') or 0,
+        info.get('wall_time_s') or 0.0)
+
+
+# -- collecting -----------------------------------------------------------
+def collect(cfg, study, out):
+    """{(precision, model, mode): [run.json dicts]} of the existing runs."""
+    runs = collections.defaultdict(list)
+    for c, cell in all_cells(cfg, study):
+        info = R.read_run(run_folder(out, c, cell))
+        if info:
+            runs[(c['train']['precision'], cell.model, cell.mode)].append(
+                info)
+    return runs
+
+
+def stats(runs):
+    """(mean %, sample std %, n finished, n diverged, mean skipped)."""
+    accs = [100.0 * r['final_test_accuracy'] for r in runs
+            if r.get('status') == R.FINISHED
+            and r.get('final_test_accuracy') is not None]
+    div = sum(r.get('status') == R.DIVERGED for r in runs)
+    skipped = [r.get('skipped_steps') or 0 for r in runs
+               if r.get('status') in (R.FINISHED, R.DIVERGED)]
+    mean = float(numpy.mean(accs)) if accs else None
+    std = float(numpy.std(accs, ddof=1)) if len(accs) > 1 else None
+    return mean, std, len(accs), div, (float(numpy.mean(skipped))
+                                       if skipped else 0.0)
+
+
+def cell_text(s, note=''):
+    mean, std, n, div, skipped = s
+    if mean is None:
+        return 'diverged ({})'.format(div) if div else '—'
+    t = '{:.2f}'.format(mean) + (' ± {:.2f}'.format(std) if std is not None
+                                 else '') + note
+    if n > 1 or div:
+        t += ' (n={}{})'.format(n, ', {} diverged'.format(div) if div else '')
+    if skipped:
+        t += ' [{:g} skipped]'.format(round(skipped, 1))
+    return t
+
+
+def _column(mode):
+    name = parse_mode(mode).name
+    return {'none': 'None', 'dynamic': 'Dynamic', 'adaptive': 'Adaptive',
+            'amax': 'Amax'}.get(name)
+
+
+def best_fixed(runs, precision, model):
+    """(mode, stats) of the fixed scale with the best mean among those
+    none of whose runs diverged, or (None, None)."""
+    best = (None, None)
+    for (p, m, mode), rs in runs.items():
+        if p != precision or m != model or not mode.startswith('fixed:'):
+            continue
+        s = stats(rs)
+        if s[0] is not None and not s[3] and (
+                best[1] is None or s[0] > best[1][0]):
+            best = (mode, s)
+    return best
+
+
+def table1(cfg, study, runs):
+    models = cfg['grid']['models']
+    header = ['Depth']
+    if study['fp32']:
+        header.append('FP32')
+    for p in study['precisions']:
+        header += ['{} {}'.format(p, c) for c in COLUMNS]
+    lines = ['| ' + ' | '.join(header) + ' |',
+             '|' + '---|' * len(header)]
+    for m in models:
+        row = [m]
+        if study['fp32']:
+            row.append(cell_text(stats(runs.get(('float32', m, 'fp32'), []))))
+        for p in study['precisions']:
+            by_col = collections.defaultdict(list)
+            for (pp, mm, mode), rs in runs.items():
+                if pp == p and mm == m and _column(mode):
+                    by_col[_column(mode)] += rs
+            mode, s = best_fixed(runs, p, m)
+            for c in COLUMNS:
+                if c == 'Fixed (best)':
+                    row.append(cell_text(s, ' (S={})'.format(
+                        mode.split(':')[1])) if s else '—')
+                else:
+                    row.append(cell_text(stats(by_col.get(c, []))))
+        lines.append('| ' + ' | '.join(row) + ' |')
+    return '\n'.join(lines)
+
+
+def table4(cfg, study, runs):
+    scales = sorted(cfg['grid']['fixed_scales'])
+    header = ['Depth', 'Precision'] + ['S={:g}'.format(s) for s in scales]
+    lines = ['| ' + ' | '.join(header) + ' |',
+             '|' + '---|' * len(header)]
+    for m in cfg['grid']['models']:
+        for p in study['precisions']:
+            row = [m, p] + [cell_text(stats(runs.get(
+                (p, m, 'fixed:{:g}'.format(s)), []))) for s in scales]
+            lines.append('| ' + ' | '.join(row) + ' |')
+    return '\n'.join(lines)
+
+
+# -- Fig. 4 ---------------------------------------------------------------
+def fig4(cfg, study, out, runs, force=False, log=print):
+    """Probed FP8 runs of ``study.fig4`` (none, best fixed, adaptive) and
+    the two figures. Returns the paths written (none when skipped)."""
+    f = study['fig4']
+    c = precision_config(cfg, f['precision'])
+    folder = os.path.join(out, cfg['table'])
+    csv_path = os.path.join(folder, 'fig4_records.csv')
+    fixed = f['fixed']
+    if fixed == 'best':
+        fixed = best_fixed(runs, f['precision'], f['model'])[0]
+        if fixed is None:
+            log('[depth] fig4: no finished fixed sweep of {} in {} yet; '
+                'skipped'.format(f['model'], f['precision']))
+            return []
+    modes = ['none', fixed, 'adaptive']
+    info_path = os.path.join(folder, 'fig4_runs.json')
+    done = {}
+    if os.path.exists(info_path) and not force:
+        with open(info_path) as fh:
+            done = json.load(fh)
+    if done.get('modes') != modes or not os.path.exists(csv_path):
+        records, infos = [], {}
+        data = None
+        for mode in modes:
+            cell = Cell(f['model'], cfg['grid']['datasets'][0], mode,
+                        f['seed'])
+            if data is None:
+                data = datasets(c, cell, study['downsample'])
+            recs, info = fp8_diagnosis.run_probed(c, cell, f['every'], data)
+            records += recs
+            infos[mode] = info
+            log('[depth] fig4 {} {}: acc {} skipped {}'.format(
+                f['model'], mode, info['final_test_accuracy'],
+                info['skipped_steps']))
+        gemm_probe.save_csv(records, csv_path)
+        done = {'modes': modes, 'runs': infos}
+        atomic.write_text(info_path, json.dumps(done, indent=2))
+    records = load_probe_csv(csv_path)
+    title = '{} on {} ({}x{} px), {}'.format(
+        f['model'], cfg['grid']['datasets'][0], 28 // study['downsample'],
+        28 // study['downsample'], f['precision'])
+    return [plot_fig4a(records, os.path.join(folder, 'fig4a.png'),
+                       'Fig. 4a: adaptive α per layer, ' + title,
+                       float(fixed.split(':')[1])),
+            plot_fig4b(records, modes, os.path.join(folder, 'fig4b.png'),
+                       'Fig. 4b: underflow of the gradient entering each '
+                       'GEMM, ' + title)]
+
+
+def load_probe_csv(path):
+    rows = []
+    with open(path, newline='') as f:
+        for r in csv.DictReader(f):
+            row = {}
+            for k, v in r.items():
+                if k in ('mode', 'layer', 'set_by'):
+                    row[k] = v
+                elif k in ('iteration', 'layer_id', 'skipped'):
+                    row[k] = int(v)
+                else:
+                    row[k] = float(v) if v not in ('', 'None') else math.nan
+            rows.append(row)
+    return rows
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_fig4a(records, path, title, fixed_scale):
+    plt = _plt()
+    rs = [r for r in records if r['mode'] == 'adaptive']
+    its = sorted({r['iteration'] for r in rs})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    cmap = plt.get_cmap('viridis')
+    for i, it in enumerate(its):
+        mine = sorted((r for r in rs if r['iteration'] == it),
+                      key=lambda r: r['layer_id'])
+        ax.plot([r['layer_id'] for r in mine],
+                [math.log2(r['alpha']) for r in mine], lw=1,
+                color=cmap(i / max(len(its) - 1, 1)),
+                label='iteration {}'.format(it) if i in (
+                    0, len(its) - 1) else None)
+    ax.axhline(math.log2(fixed_scale), ls='--', color='k', lw=1,
+               label='best fixed S = {:g}'.format(fixed_scale))
+    ax.set_xlabel('layer ID (0 = nearest the loss)')
+    ax.set_ylabel('log2 α')
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_fig4b(records, modes, path, title):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for mode in modes:
+        by_layer = collections.defaultdict(list)
+        for r in records:
+            if r['mode'] == mode and not math.isnan(r['uf_in']):
+                by_layer[r['layer_id']].append(r['uf_in'])
+        ids = sorted(by_layer)
+        ax.plot(ids, [100 * numpy.mean(by_layer[i]) for i in ids],
+                marker='.', ms=3, lw=1, label=mode)
+    ax.set_xlabel('layer ID (0 = nearest the loss)')
+    ax.set_ylabel('underflow rate (%), mean over training')
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(cfg, study, out, runs):
+    folder = os.path.join(out, cfg['table'])
+    os.makedirs(folder, exist_ok=True)
+    t1 = ('**Depth study: final test accuracy (%), Fashion-MNIST**\n\n'
+          + table1(cfg, study, runs) + '\n\nmean ± sample std over seeds '
+          '(n = finished runs); [k skipped] = mean skipped steps per run.\n')
+    t4 = ('**Fixed loss scale sweep per depth (Table 4 style)**\n\n'
+          + table4(cfg, study, runs) + '\n')
+    atomic.write_text(os.path.join(folder, 'table1.md'), t1)
+    atomic.write_text(os.path.join(folder, 'table4.md'), t4)
+    atomic.write_text(os.path.join(folder, 'results.json'), json.dumps(
+        {'{}|{}|{}'.format(*k): [{key: r.get(key) for key in (
+            'seed', 'status', 'final_test_accuracy', 'skipped_steps',
+            'wall_time_s')} for r in v] for k, v in sorted(runs.items())},
+        indent=1))
+    return t1, t4

@@ -1,0 +1,275 @@
+"""Per-GEMM diagnosis of layer-wise loss scaling in an emulated format.
+
+Not in the paper: a tool to find out *what limits* adaptive loss scaling
+(Algorithm 4 + the §3.2.3 post-processing) in a narrow gradient format such
+as FP8 E4M3, where u = 2^-9 and u_max = 448 leave ~2^18 of range.
+
+:class:`GemmProbe` is a Chainer ``FunctionHook``. For every GEMM node of an
+emulated precision it sees, in the backward pass, the gradient entering the
+GEMM and recomputes the input gradient the GEMM produces with FP32
+accumulation and *no* rounding (one extra GEMM per layer), so that for each
+layer and step it can report:
+
+* ``uf_in``: the fraction of the nonzero entering gradient (as carried, α·δ)
+  that rounds to 0 in the format (underflow of the gradient entering);
+* ``of_in``: the fraction of the entering gradient beyond u_max (or not
+  finite) — overflow *between* GEMMs (batch normalization's backward, branch
+  sums), which no bound on a GEMM's output sees; ``headroom_in_log2`` =
+  log2(u_max / max|entering gradient|);
+* ``uf_out`` / ``of_out``: the fraction of the nonzero produced gradient
+  β·gx that rounds to 0 / exceeds u_max;
+* ``beta`` and which term of §3.2.3 set it (``set_by``: ``lower``,
+  ``upper`` or ``one``), for the bound the run uses;
+* ``peak``: the observed max|β·gx|, and for each bound b of
+  :data:`ada_loss.loss_scale.gemm.BOUNDS` ``pred_<b>``: the max|β·gx| that
+  bound assumes (β times its denominator), so ``pred_<b> / peak`` is how
+  pessimistic (> 1) or optimistic (< 1) it is;
+* ``k``: the weight-gradient shift, log2 of the factor by which the weight
+  gradient had to be scaled down to fit the format (0 when it fit);
+* ``uf_w``: the fraction of the nonzero weight gradient (FP32 GEMM of the
+  unrounded entering gradient, at the scale the layer produces it) that is 0
+  as stored;
+* ``err_x``, ``err_w``: relative L2 errors of the produced input and
+  weight gradients (as stored, unscaled) against FP32 GEMMs of the
+  unrounded entering gradient: what the rounding of this layer costs;
+* ``alpha``: the scale the entering gradient carries (filled in after the
+  pass by :class:`ProbingLossScaling`).
+
+The gradient *before* the GEMM rounds it is needed for ``uf_in``. Chainer's
+ordinary backward hands it to the hook unrounded; the ⟨α, δ⟩ backward
+rounds it first, so while installed the probe wraps
+``GemmFunction.quantize_grad_output`` to keep the unrounded array of the
+node it rounds (restored on exit).
+"""
+import collections
+import contextlib
+import csv
+import math
+
+import chainer
+import numpy
+
+from ada_loss import atomic
+from ada_loss.analysis.recorder import GradientRecorder
+from ada_loss.functions.gemm import GemmFunction
+from ada_loss.loss_scale import gemm as G
+
+#: Column order of the probe's CSV.
+FIELDS = ('mode', 'iteration', 'layer_id', 'layer', 'alpha', 'beta',
+          'set_by', 'lower', 'upper', 'uf_in', 'of_in', 'headroom_in_log2',
+          'uf_out', 'of_out', 'peak',
+          'headroom_log2') + tuple('pred_' + b for b in G.BOUNDS) + (
+          'k', 'uf_w', 'err_x', 'err_w', 'skipped')
+
+
+def _nonzero_lost(before, after):
+    """Fraction of the nonzero entries of ``before`` that are 0 in
+    ``after``; NaN if ``before`` has none."""
+    nz = before != 0
+    n = int(nz.sum())
+    return float((nz & (after == 0)).sum()) / n if n else float('nan')
+
+
+@contextlib.contextmanager
+def _without_grad_rounding(func):
+    """The node's backward GEMMs accumulate in FP32 and do not round."""
+    saved = func.formats
+    func.formats = (saved[0], None)
+    try:
+        yield
+    finally:
+        func.formats = saved
+
+
+class GemmProbe(chainer.FunctionHook):
+    """FunctionHook recording the quantities of the module docstring.
+
+    Args:
+        t_uf (float): T_uf used to recompute the lower bound.
+        bound (str): the bound the run uses (for ``set_by``); None for
+            modes other than adaptive.
+    """
+
+    name = 'GemmProbe'
+
+    def __init__(self, t_uf=1e-3, bound=None):
+        self.t_uf = t_uf
+        self.bound = bound
+        self.layer_ids = collections.OrderedDict()
+        self.pending = []
+        self._raw = {}
+        self._saved_q = None
+
+    # -- seeing the unrounded gradient ------------------------------------
+    def __enter__(self):
+        probe = self
+        original = GemmFunction.quantize_grad_output
+        self._saved_q = original
+
+        def quantize_grad_output(func, gy):
+            if gy is not None and getattr(gy, '_ada_quantized', None) is None:
+                probe._raw[id(func)] = gy.array
+            return original(func, gy)
+        GemmFunction.quantize_grad_output = quantize_grad_output
+        return super(GemmProbe, self).__enter__()
+
+    def __exit__(self, *args):
+        GemmFunction.quantize_grad_output = self._saved_q
+        self._raw = {}
+        return super(GemmProbe, self).__exit__(*args)
+
+    # -- the hook ---------------------------------------------------------
+    def backward_preprocess(self, function, in_data, out_grad):
+        if not isinstance(function, GemmFunction) or out_grad[0] is None \
+                or function.grad_format is None:
+            return
+        fmt = function.grad_format
+        raw = self._raw.pop(id(function), out_grad[0])
+        gy = fmt.quantize(raw)
+        key = function.scale_key or function.label
+        lid = self.layer_ids.setdefault(key, len(self.layer_ids))
+        x, W = in_data[0], in_data[1]
+        Wv = function.get_retained_inputs()[1]   # grad_weight reads W.layout
+        beta = float(function.grad_input_scale)
+        with _without_grad_rounding(function), chainer.no_backprop_mode():
+            gx = function.grad_input(x, W, gy, 1).array
+        bgx = gx * numpy.float32(beta)
+        q = fmt.quantize(bgx)
+        peak = float(numpy.abs(bgx).max()) if bgx.size else 0.0
+        peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
+        row = {'layer_id': lid, 'layer': key, 'beta': beta,
+               'uf_in': _nonzero_lost(raw, gy),
+               'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
+               'headroom_in_log2': (math.log2(fmt.u_max / peak_in)
+                                    if peak_in > 0 else float('nan')),
+               'uf_out': _nonzero_lost(bgx, q),
+               'of_out': float((numpy.abs(bgx) > fmt.u_max).mean()),
+               'peak': peak,
+               'headroom_log2': (math.log2(fmt.u_max / peak) if peak > 0
+                                 else float('nan'))}
+        for b in G.BOUNDS:
+            _, upper = G.gemm_scale_bounds(W, gy, self.t_uf, fmt, b,
+                                           G.bound_gain(function, W, b))
+            row['pred_' + b] = (beta * fmt.u_max / upper
+                                if upper else float('nan'))
+        if self.bound is not None:
+            lower, upper = G.gemm_scale_bounds(
+                W, gy, self.t_uf, fmt, self.bound,
+                G.bound_gain(function, W, self.bound))
+            row['lower'], row['upper'] = lower, upper
+            row['set_by'] = set_by(lower, upper)
+        else:
+            row['lower'] = row['upper'] = float('nan')
+            row['set_by'] = ''
+        # end to end: the produced gradients against FP32 GEMMs of the
+        # unrounded entering gradient (same carried scale)
+        with _without_grad_rounding(function), chainer.no_backprop_mode():
+            gx_ref = function.grad_input(x, W, raw, 1).array
+            gw_ref = function.grad_weight(x, Wv, raw)[0].array
+        with chainer.no_backprop_mode():
+            gw, node = function.grad_weight(x, Wv, gy, 1, True)
+        row['err_x'] = _relative_error(q / numpy.float32(beta), gx_ref)
+        row['err_w'] = _relative_error(
+            gw.array / numpy.float32(node.applied_scale), gw_ref)
+        row['uf_w'] = _nonzero_lost(gw_ref * numpy.float32(
+            node.applied_scale), gw.array)
+        row['_func'] = function
+        self.pending.append(row)
+
+    def backward_postprocess(self, function, in_data, out_grad):
+        self._raw.pop(id(function), None)   # Chainer's backward rounds late
+        if self.pending and self.pending[-1].get('_func') is function:
+            row = self.pending[-1]
+            row['k'] = -math.log2(float(function.weight_grad_scale))
+
+
+def _relative_error(a, ref):
+    """||a - ref|| / ||ref|| in float64 (NaN when ref is 0)."""
+    ref = ref.astype(numpy.float64)
+    n = float(numpy.linalg.norm(ref))
+    return float(numpy.linalg.norm(a.astype(numpy.float64) - ref)) / n \
+        if n > 0 else float('nan')
+
+
+def set_by(lower, upper):
+    """Which term of §3.2.3 decides β = min(max(lower, 1), upper):
+    ``'upper'``, ``'lower'`` or ``'one'``."""
+    beta = 1.0 if lower is None or not math.isfinite(lower) \
+        else max(lower, 1.0)
+    if upper is not None and upper < beta:
+        return 'upper'
+    return 'lower' if beta > 1.0 else 'one'
+
+
+class ProbingLossScaling(object):
+    """Wraps a loss-scaling method and probes every ``every``-th backward
+    pass (and the first) with a :class:`GemmProbe`; rows go to
+    ``self.records`` with the mode name, the iteration, α, and ``skipped``.
+    """
+
+    def __init__(self, inner, mode, every=1, t_uf=1e-3, bound=None):
+        self.inner = inner
+        self.mode = mode
+        self.every = int(every)
+        self.t_uf = t_uf
+        self.bound = bound
+        self.iteration = 0
+        self.records = []
+        self._last = []
+        self._ids = collections.OrderedDict()
+
+    recovers = property(lambda self: self.inner.recovers)
+    scale = property(lambda self: self.inner.scale)
+    fmt = property(lambda self: self.inner.fmt)
+
+    def bind(self, model):
+        # name every GEMM layer by its path in every mode (as AdaLossScaled)
+        GradientRecorder().bind(model)
+        self.inner.bind(model)
+
+    def backward(self, loss):
+        self.iteration += 1
+        self._last = []
+        if not (self.iteration == 1 or self.iteration % self.every == 0):
+            return self.inner.backward(loss)
+        probe = GemmProbe(self.t_uf, self.bound)
+        probe.layer_ids = self._ids
+        alpha = self.inner.scale
+        with probe:
+            self.inner.backward(loss)
+        alphas = (dict(self.inner.loss_scales())
+                  if hasattr(self.inner, 'loss_scales') else {})
+        for row in probe.pending:
+            row.pop('_func', None)
+            row.setdefault('k', 0.0)
+            row.update(mode=self.mode, iteration=self.iteration, skipped=0,
+                       alpha=float(alphas.get(row['layer'], alpha)))
+            self.records.append(row)
+            self._last.append(row)
+
+    def update(self, found_nonfinite):
+        if found_nonfinite:
+            for row in self._last:
+                row['skipped'] = 1
+        self.inner.update(found_nonfinite)
+
+    def loss_scales(self):
+        return self.inner.loss_scales() if hasattr(
+            self.inner, 'loss_scales') else {}
+
+    def serialize(self, serializer):
+        self.inner.serialize(serializer)
+
+
+def _short(v):
+    return '{:.6g}'.format(v) if isinstance(v, float) else v
+
+
+def save_csv(records, path):
+    def write(f):
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        for r in records:
+            w.writerow({k: _short(r.get(k)) for k in FIELDS})
+    atomic.replace_with(path, write)
+    return path
