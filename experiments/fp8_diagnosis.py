@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
-from ada_loss.analysis.fp8_diagnosis import diagnose, mode_table  # NOQA
+from ada_loss.experiment.studies.fp8_diagnosis import diagnose, mode_table  # NOQA
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), '..'))
 MODES = ['none', 'fixed:16', 'fixed:256', 'dynamic:style=chainer',

@@ -120,6 +120,15 @@ class GemmProbe(chainer.FunctionHook):
 
     # -- the hook ---------------------------------------------------------
     def backward_preprocess(self, function, in_data, out_grad):
+        # Chainer's own backward: every input gradient at scale 1, no fit
+        self.scaled_backward_preprocess(function, in_data, out_grad, 1,
+                                        fits=False)
+
+    def scaled_backward_preprocess(self, function, in_data, out_grad,
+                                   input_scale, fits=True):
+        """What the ⟨α, δ⟩ backward calls for a GEMM node, with the β its
+        input gradient is computed at (and whose weight gradient it fits
+        into the format: ``fits``)."""
         if not isinstance(function, GemmFunction) or out_grad[0] is None \
                 or function.grad_format is None:
             return
@@ -130,7 +139,7 @@ class GemmProbe(chainer.FunctionHook):
         lid = self.layer_ids.setdefault(key, len(self.layer_ids))
         x, W = in_data[0], in_data[1]
         Wv = function.get_retained_inputs()[1]   # grad_weight reads W.layout
-        beta = float(function.grad_input_scale)
+        beta = float(input_scale)
         with _without_grad_rounding(function), chainer.no_backprop_mode():
             gx = function.grad_input(x, W, gy, 1).array
         bgx = gx * numpy.float32(beta)
@@ -167,20 +176,20 @@ class GemmProbe(chainer.FunctionHook):
             gx_ref = function.grad_input(x, W, raw, 1).array
             gw_ref = function.grad_weight(x, Wv, raw)[0].array
         with chainer.no_backprop_mode():
-            gw, node = function.grad_weight(x, Wv, gy, 1, True)
+            gw, applied = function.grad_weight(x, Wv, gy, 1, True)
         row['err_x'] = _relative_error(q / numpy.float32(beta), gx_ref)
         row['err_w'] = _relative_error(
-            gw.array / numpy.float32(node.applied_scale), gw_ref)
-        row['uf_w'] = _nonzero_lost(gw_ref * numpy.float32(
-            node.applied_scale), gw.array)
-        row['_func'] = function
+            gw.array / numpy.float32(applied), gw_ref)
+        row['uf_w'] = _nonzero_lost(gw_ref * numpy.float32(applied),
+                                    gw.array)
+        # the shift that fits the weight gradient into the format (the
+        # ⟨α, δ⟩ backward's weight-gradient fit at γ = 1; Chainer's backward
+        # does not fit)
+        row['k'] = -math.log2(float(applied)) if fits else 0.0
         self.pending.append(row)
 
     def backward_postprocess(self, function, in_data, out_grad):
         self._raw.pop(id(function), None)   # Chainer's backward rounds late
-        if self.pending and self.pending[-1].get('_func') is function:
-            row = self.pending[-1]
-            row['k'] = -math.log2(float(function.weight_grad_scale))
 
 
 def _relative_error(a, ref):

@@ -2,103 +2,79 @@
 most in the deepest network) in FP8 E4M3, on real data (Fashion-MNIST), at
 CIFAR ResNet depths 20/56/110. Not a table of the paper.
 
-The config (``configs/depth_study.yaml``) is a harness config (the grid:
-models, dataset, modes, fixed scales, seeds; model, data, train, log) plus a
-``study`` section read only here:
+The config (``configs/depth_study.yaml``) is a classification config — the
+grid (models, dataset, modes, fixed scales, seeds, ``precisions``: mixed16
+the control), model, data, train, log — plus a ``study`` section:
 
-* ``precisions``: the precisions the grid runs in (mixed16 = control);
 * ``fp32``: also one FP32 run per (model, seed);
 * ``downsample``: integer factor of average pooling of the 28x28 images
   (CPU budget);
 * ``fig4``: ``model``, ``precision``, ``seed``, ``every`` (probe every n
-  steps) and ``fixed`` (``best``: the best fixed scale of the finished sweep
-  of that model and precision, else a mode such as ``fixed:256``).
+  steps), ``fixed`` (``best``: the best fixed scale of the finished sweep of
+  that model and precision, else a mode such as ``fixed:256``) and ``run``.
 
-Every run goes through the harness's :func:`ada_loss.experiment.run.run_one`
-into ``<out>/<table>/<precision>/<run>/`` and is resumable (its snapshots);
-finished runs are skipped (``decide``). Written at the end, from whatever
-runs have finished: ``table1.md`` (rows = depth; columns FP32, then per
-precision None, Fixed (best), Dynamic, Adaptive, Amax), ``table4.md`` (the
-fixed sweep per depth and precision), ``fig4a.png`` (α per layer over
-training, adaptive, FP8), ``fig4b.png`` (underflow rate of the gradient
-entering each GEMM: none vs best fixed vs adaptive, FP8), ``fig4_records.csv``
-and ``results.json``.
+Every run is a run of the classification study, through the one run path,
+into ``<out>/<table>/<precision>/<run>/``: resumable, finished runs skipped.
+Written at the end, from whatever runs have finished: ``table1.md`` (rows =
+depth; columns FP32, then per precision None, Fixed (best), Dynamic,
+Adaptive, Amax), ``table4.md`` (the fixed sweep per depth and precision),
+``fig4a.png`` (α per layer over training, adaptive, FP8), ``fig4b.png``
+(underflow rate of the gradient entering each GEMM: none vs best fixed vs
+adaptive, FP8), ``fig4_records.csv`` and ``results.json``.
 """
 import collections
-import concurrent.futures
-import contextlib
-import copy
 import csv
-import io
+import dataclasses
 import json
 import math
-import multiprocessing
 import os
+from typing import List
 
 import chainer
+import matplotlib
 import numpy
 
 from ada_loss import atomic
-from ada_loss.analysis import fp8_diagnosis, gemm_probe
+from ada_loss.analysis import gemm_probe
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
+from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.data import load_datasets
-from ada_loss.experiment.grid import Cell, expand_grid, run_name
-from ada_loss.experiment.run import run_config, run_folder, run_one
-from ada_loss.experiment.runner import decide
+from ada_loss.experiment.studies import classification
+from ada_loss.experiment.studies.classification import Cell
+from ada_loss.experiment.studies.fp8_diagnosis import run_probed
 from ada_loss.scaling import parse_mode
 
-STUDY_DEFAULTS = {
-    'precisions': ['fp8_e4m3', 'mixed16'],
-    'fp32': True,
-    'downsample': 2,
-    'fig4': {'model': 'resnet110', 'precision': 'fp8_e4m3', 'seed': 0,
-             'every': 10, 'fixed': 'best'},
-}
+matplotlib.use('Agg')
 
 COLUMNS = ('None', 'Fixed (best)', 'Dynamic', 'Adaptive', 'Amax')
 
 
-def load(path, sets=()):
-    """``(harness cfg, study dict)`` from the YAML file and ``key=value``
-    overrides (``study.*`` go to the study section)."""
-    raw = C.read_yaml(path)
-    study = copy.deepcopy(STUDY_DEFAULTS)
-    for k, v in (raw.pop('study', None) or {}).items():
-        if k not in study:
-            raise C.ConfigError('study.' + k, 'unknown key; allowed: '
-                                + ', '.join(study))
-        study[k] = dict(study[k], **v) if isinstance(study[k], dict) else v
-    harness_sets = [s for s in sets if not s.startswith('study.')]
-    study_raw = C.apply_overrides({'study': study},
-                                  [s for s in sets if s.startswith('study.')])
-    study = study_raw['study']
-    cfg = C.load_config(raw=raw, overrides=harness_sets)
-    if int(study['downsample']) < 1:
-        raise C.ConfigError('study.downsample', 'a positive integer')
-    return cfg, study
+@dataclasses.dataclass
+class Fig4:
+    model: C.ModelName = setting('resnet110', 'model of the probed runs')
+    precision: C.Precision = setting('fp8_e4m3', 'their precision')
+    seed: int = setting(0, 'their seed', minimum=0)
+    every: int = setting(10, 'probe every n steps', minimum=1)
+    fixed: str = setting('best', "the fixed scale compared: 'best' (the "
+                         'best of the finished sweep) or a mode fixed:S')
+    run: bool = setting(True, 'train the probed runs and draw Fig. 4a/4b '
+                              'after the grid')
 
 
-def precision_config(cfg, precision, fp32=False):
-    """The harness config of one precision (``fp32``: the FP32 runs)."""
-    c = copy.deepcopy(cfg)
-    c['train']['precision'] = precision
-    c['table'] = '{}/{}'.format(cfg['table'], precision)
-    if fp32:
-        c['grid']['modes'], c['grid']['fixed_scales'] = ['fp32'], []
-    return c
+@dataclasses.dataclass
+class StudySettings:
+    fp32: bool = setting(True, 'also one FP32 run per (model, seed)')
+    downsample: int = setting(2, 'average pooling factor of the 28x28 '
+                              'images (CPU budget)', minimum=1)
+    fig4: Fig4 = section(Fig4)
 
 
-def all_cells(cfg, study):
-    """[(precision cfg, cell)] of the whole study, seed-major."""
-    out = []
-    if study['fp32']:
-        c = precision_config(cfg, 'float32', fp32=True)
-        out += [(c, cell) for cell in expand_grid(c)]
-    for p in study['precisions']:
-        c = precision_config(cfg, p)
-        out += [(c, cell) for cell in expand_grid(c)]
-    return sorted(out, key=lambda cc: (cc[1].seed,))
+@dataclasses.dataclass
+class Config(classification.Config):
+    """The depth study: a classification config (``grid.precisions``: the
+    precisions, mixed16 the control) plus ``study``."""
+    study: StudySettings = section(StudySettings)
 
 
 class Downsample(object):
@@ -118,75 +94,50 @@ class Downsample(object):
         return x.astype(numpy.float32), t
 
 
-def datasets(cfg, cell, factor):
-    train, test = load_datasets(cell.dataset, run_config(cfg, cell)['data'])
-    tf = Downsample(factor)
-    return (chainer.datasets.TransformDataset(train, tf),
-            chainer.datasets.TransformDataset(test, tf))
+class DepthStudy(classification.ClassificationStudy):
+    """The grid's runs are the classification study's (one folder per
+    precision), on downsampled images; the tables and Fig. 4 at the end."""
+    Config = Config
+
+    def cells(self, cfg):
+        """FP32 cells (precision float32) then every mode in every precision
+        of ``grid.precisions``, seed-major."""
+        g = cfg.grid
+        out = []
+        for s in g.seeds:
+            if cfg.study.fp32:
+                out += [Cell(m, d, 'fp32', s, 'float32') for m in g.models
+                        for d in g.datasets]
+            out += [c for c in super(DepthStudy, self).cells(cfg)
+                    if c.seed == s]
+        return out
+
+    def preload(self, cfg, cells):
+        tf = Downsample(cfg.study.downsample)
+        return {key: (chainer.datasets.TransformDataset(train, tf),
+                      chainer.datasets.TransformDataset(test, tf))
+                for key, (train, test) in super(DepthStudy, self).preload(
+                    cfg, cells).items()}
+
+    def write_tables(self, cfg, out, quiet=False):
+        runs = collect(self, cfg, out)
+        t1, t4 = write_outputs(cfg, out, runs)
+        if not quiet:
+            print(t1)
+            print(t4)
+        if cfg.study.fig4.run:
+            for path in fig4(self, cfg, out, runs):
+                print('[depth] wrote', path)
+        return None
 
 
-_CACHE = {}
-
-
-def _worker(cfg, cell, out, resume, factor):
-    key = (cell.dataset, repr(sorted(run_config(cfg, cell)['data'].items())),
-           factor)
-    if key not in _CACHE:
-        _CACHE[key] = datasets(cfg, cell, factor)
-    cfg = copy.deepcopy(cfg)
-    cfg['log']['progress'] = 'none'
-    with contextlib.redirect_stdout(io.StringIO()):
-        return run_one(cfg, cell, out, resume=resume, datasets=_CACHE[key])
-
-
-def run_grid(cfg, study, out, jobs=1, resume=True, force=False, log=print):
-    """Trains every unfinished cell (``jobs`` processes); returns the number
-    trained."""
-    todo = []
-    for c, cell in all_cells(cfg, study):
-        action, reason = decide(c, cell, out, resume, force)
-        if action == 'skip':
-            continue
-        todo.append((c, cell, action == 'resume'))
-    log('[depth] {} runs to train'.format(len(todo)))
-    factor = int(study['downsample'])
-    if jobs == 1:
-        for i, (c, cell, res) in enumerate(todo):
-            info = _worker(c, cell, out, res, factor)
-            log('[{}/{}] {} {} {}'.format(i + 1, len(todo), c['table'],
-                                          run_name(cell), _brief(info)))
-        return len(todo)
-    for var in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
-        os.environ.setdefault(var, '1')
-    ctx = multiprocessing.get_context('spawn')
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
-        futs = {ex.submit(_worker, c, cell, out, res, factor): (c, cell)
-                for c, cell, res in todo}
-        for i, fut in enumerate(concurrent.futures.as_completed(futs)):
-            c, cell = futs[fut]
-            info = fut.result()
-            log('[{}/{}] {} {} {}'.format(i + 1, len(todo), c['table'],
-                                          run_name(cell), _brief(info)))
-    return len(todo)
-
-
-def _brief(info):
-    acc = info.get('final_test_accuracy')
-    return '{} acc {} skipped {} ({:.0f} s)'.format(
-        info.get('status'), 'n/a' if acc is None else '{:.2f}'.format(
-            100 * acc), info.get('skipped_steps') or 0,
-        info.get('wall_time_s') or 0.0)
-
-
-# -- collecting -----------------------------------------------------------
-def collect(cfg, study, out):
+def collect(study, cfg, out):
     """{(precision, model, mode): [run.json dicts]} of the existing runs."""
     runs = collections.defaultdict(list)
-    for c, cell in all_cells(cfg, study):
-        info = R.read_run(run_folder(out, c, cell))
+    for cell in study.cells(cfg):
+        info = R.read_run(study.folder(out, cfg, cell))
         if info:
-            runs[(c['train']['precision'], cell.model, cell.mode)].append(
-                info)
+            runs[(cell.precision, cell.model, cell.mode)].append(info)
     return runs
 
 
@@ -237,20 +188,20 @@ def best_fixed(runs, precision, model):
     return best
 
 
-def table1(cfg, study, runs):
-    models = cfg['grid']['models']
+def table1(cfg, runs):
+    models = cfg.grid.models
     header = ['Depth']
-    if study['fp32']:
+    if cfg.study.fp32:
         header.append('FP32')
-    for p in study['precisions']:
+    for p in cfg.grid.precisions:
         header += ['{} {}'.format(p, c) for c in COLUMNS]
     lines = ['| ' + ' | '.join(header) + ' |',
              '|' + '---|' * len(header)]
     for m in models:
         row = [m]
-        if study['fp32']:
+        if cfg.study.fp32:
             row.append(cell_text(stats(runs.get(('float32', m, 'fp32'), []))))
-        for p in study['precisions']:
+        for p in cfg.grid.precisions:
             by_col = collections.defaultdict(list)
             for (pp, mm, mode), rs in runs.items():
                 if pp == p and mm == m and _column(mode):
@@ -266,13 +217,13 @@ def table1(cfg, study, runs):
     return '\n'.join(lines)
 
 
-def table4(cfg, study, runs):
-    scales = sorted(cfg['grid']['fixed_scales'])
+def table4(cfg, runs):
+    scales = sorted(cfg.grid.fixed_scales)
     header = ['Depth', 'Precision'] + ['S={:g}'.format(s) for s in scales]
     lines = ['| ' + ' | '.join(header) + ' |',
              '|' + '---|' * len(header)]
-    for m in cfg['grid']['models']:
-        for p in study['precisions']:
+    for m in cfg.grid.models:
+        for p in cfg.grid.precisions:
             row = [m, p] + [cell_text(stats(runs.get(
                 (p, m, 'fixed:{:g}'.format(s)), []))) for s in scales]
             lines.append('| ' + ' | '.join(row) + ' |')
@@ -280,19 +231,19 @@ def table4(cfg, study, runs):
 
 
 # -- Fig. 4 ---------------------------------------------------------------
-def fig4(cfg, study, out, runs, force=False, log=print):
+def fig4(study, cfg, out, runs, force=False, log=print):
     """Probed FP8 runs of ``study.fig4`` (none, best fixed, adaptive) and
     the two figures. Returns the paths written (none when skipped)."""
-    f = study['fig4']
-    c = precision_config(cfg, f['precision'])
-    folder = os.path.join(out, cfg['table'])
+    f = cfg.study.fig4
+    c = C.replace(cfg, train=C.replace(cfg.train, precision=f.precision))
+    folder = os.path.join(out, cfg.table)
     csv_path = os.path.join(folder, 'fig4_records.csv')
-    fixed = f['fixed']
+    fixed = f.fixed
     if fixed == 'best':
-        fixed = best_fixed(runs, f['precision'], f['model'])[0]
+        fixed = best_fixed(runs, f.precision, f.model)[0]
         if fixed is None:
             log('[depth] fig4: no finished fixed sweep of {} in {} yet; '
-                'skipped'.format(f['model'], f['precision']))
+                'skipped'.format(f.model, f.precision))
             return []
     modes = ['none', fixed, 'adaptive']
     info_path = os.path.join(folder, 'fig4_runs.json')
@@ -304,23 +255,22 @@ def fig4(cfg, study, out, runs, force=False, log=print):
         records, infos = [], {}
         data = None
         for mode in modes:
-            cell = Cell(f['model'], cfg['grid']['datasets'][0], mode,
-                        f['seed'])
+            cell = Cell(f.model, cfg.grid.datasets[0], mode, f.seed)
             if data is None:
-                data = datasets(c, cell, study['downsample'])
-            recs, info = fp8_diagnosis.run_probed(c, cell, f['every'], data)
+                data = list(study.preload(c, [cell]).values())[0]
+            recs, info = run_probed(c, cell, f.every, data)
             records += recs
             infos[mode] = info
             log('[depth] fig4 {} {}: acc {} skipped {}'.format(
-                f['model'], mode, info['final_test_accuracy'],
+                f.model, mode, info['final_test_accuracy'],
                 info['skipped_steps']))
         gemm_probe.save_csv(records, csv_path)
         done = {'modes': modes, 'runs': infos}
         atomic.write_text(info_path, json.dumps(done, indent=2))
     records = load_probe_csv(csv_path)
     title = '{} on {} ({}x{} px), {}'.format(
-        f['model'], cfg['grid']['datasets'][0], 28 // study['downsample'],
-        28 // study['downsample'], f['precision'])
+        f.model, cfg.grid.datasets[0], 28 // cfg.study.downsample,
+        28 // cfg.study.downsample, f.precision)
     return [plot_fig4a(records, os.path.join(folder, 'fig4a.png'),
                        'Fig. 4a: adaptive α per layer, ' + title,
                        float(fixed.split(':')[1])),
@@ -346,9 +296,7 @@ def load_probe_csv(path):
 
 
 def _plt():
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt     # optional dependency, drawn late
     return plt
 
 
@@ -399,14 +347,14 @@ def plot_fig4b(records, modes, path, title):
     return path
 
 
-def write_outputs(cfg, study, out, runs):
-    folder = os.path.join(out, cfg['table'])
+def write_outputs(cfg, out, runs):
+    folder = os.path.join(out, cfg.table)
     os.makedirs(folder, exist_ok=True)
     t1 = ('**Depth study: final test accuracy (%), Fashion-MNIST**\n\n'
-          + table1(cfg, study, runs) + '\n\nmean ± sample std over seeds '
+          + table1(cfg, runs) + '\n\nmean ± sample std over seeds '
           '(n = finished runs); [k skipped] = mean skipped steps per run.\n')
     t4 = ('**Fixed loss scale sweep per depth (Table 4 style)**\n\n'
-          + table4(cfg, study, runs) + '\n')
+          + table4(cfg, runs) + '\n')
     atomic.write_text(os.path.join(folder, 'table1.md'), t1)
     atomic.write_text(os.path.join(folder, 'table4.md'), t4)
     atomic.write_text(os.path.join(folder, 'results.json'), json.dumps(
@@ -415,3 +363,7 @@ def write_outputs(cfg, study, out, runs):
             'wall_time_s')} for r in v] for k, v in sorted(runs.items())},
         indent=1))
     return t1, t4
+
+
+#: the one instance the entry runs
+STUDY = DepthStudy()

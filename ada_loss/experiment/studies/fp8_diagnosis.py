@@ -9,7 +9,6 @@ summary ``summary.csv``, ``diagnosis.png`` and ``summary.json`` (final
 test accuracy and skipped steps of each mode).
 """
 import csv
-import functools
 import json
 import math
 import os
@@ -21,16 +20,15 @@ import numpy
 from ada_loss import atomic
 from ada_loss.analysis import gemm_probe
 from ada_loss.analysis.auto_init_scale import AutoInitScale
+from ada_loss.errors import NonFiniteGradientError
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import trainer as T
 from ada_loss.experiment.data import dataset_info, load_datasets
-from ada_loss.experiment.grid import Cell
 from ada_loss.experiment.models import build
-from ada_loss.experiment.run import build_optimizer, run_config
-from ada_loss.scaling import AdaptiveScaling, NonFiniteGradientError
+from ada_loss.experiment.studies.classification import STUDY, Cell, Config
 from ada_loss.scaling import make_loss_scaling, parse_mode
-from ada_loss.training import Classifier, MixedPrecisionUpdater
+from ada_loss.training import Classifier
 from ada_loss.training import dtype_config
 from ada_loss.training.extensions import StepLearningRate
 
@@ -72,25 +70,24 @@ def run_probed(cfg, cell, every=1, datasets=None):
     auto = cell.mode.startswith(AUTO_INIT)
     if auto:
         cell = cell._replace(mode=cell.mode[len(AUTO_INIT):])
-    rcfg = run_config(cfg, cell)
-    train_cfg, precision = rcfg['train'], rcfg['run']['precision']
+    c = cfg.for_model(cell.model)
+    precision = STUDY.run_config(cfg, cell)['run']['precision']
+    train_cfg, mcfg = c.train, c.model
     random.seed(cell.seed)
     numpy.random.seed(cell.seed)
-    train, test = datasets or load_datasets(cell.dataset, rcfg['data'])
+    train, test = datasets or load_datasets(cell.dataset, c.data)
     num_classes, in_channels = dataset_info(cell.dataset)
-    mcfg = rcfg['model']
     with dtype_config(precision):
         model = Classifier(build(cell.model, num_classes,
-                                 mcfg['in_channels'] or in_channels,
-                                 mcfg['width'], mcfg['shortcut']), precision)
-    optimizer = build_optimizer(model, precision, train_cfg)
-    it = T.make_iterator(train, train_cfg['batchsize'])
+                                 mcfg.in_channels or in_channels,
+                                 mcfg.width, mcfg.shortcut), precision)
+    optimizer = T.build_optimizer(model, precision, train_cfg.lr,
+                                  train_cfg.momentum, train_cfg.weight_decay)
+    it = T.make_iterator(train, train_cfg.batchsize)
     spec = parse_mode(cell.mode)
     inner = make_loss_scaling(cell.mode, precision)
     bound = (spec.options.get('bound', 'output') if spec.name == 'adaptive'
              else None)
-    if isinstance(inner, AdaptiveScaling):
-        inner.bind = functools.partial(inner.bind, verbose=False)
     if auto:
         if spec.name != 'adaptive':
             raise ValueError('{} needs an adaptive mode, got {!r}'.format(
@@ -98,11 +95,11 @@ def run_probed(cfg, cell, every=1, datasets=None):
         inner = AutoInitScale(inner)
     scaling = gemm_probe.ProbingLossScaling(
         inner, label, every, spec.options.get('t_uf', 1e-3), bound)
-    updater = MixedPrecisionUpdater(it, optimizer, scaling, mode=str(spec))
-    lr = StepLearningRate(train_cfg['lr'], train_cfg['lr_steps'],
-                          train_cfg['lr_decay'])
+    updater = T.make_updater(it, optimizer, scaling, spec)
+    lr = StepLearningRate(train_cfg.lr, train_cfg.lr_steps,
+                          train_cfg.lr_decay)
     info = {'mode': label, 'diverged': None}
-    while it.epoch_detail < train_cfg['epochs']:
+    while it.epoch_detail < train_cfg.epochs:
         optimizer.lr = lr.value(updater.iteration, it.epoch_detail)
         try:
             with chainer.using_config('train', True):
@@ -114,7 +111,7 @@ def run_probed(cfg, cell, every=1, datasets=None):
     info['skipped_steps'] = updater.skipped_steps
     info['final_test_accuracy'] = (
         None if info['diverged'] else
-        _accuracy(model, test, train_cfg['eval_batchsize']))
+        _accuracy(model, test, train_cfg.eval_batchsize))
     return scaling.records, info
 
 
@@ -220,14 +217,13 @@ def diagnose(config, modes, out, sets=(), model=None, dataset=None, seed=0,
              every=1, precision=None):
     """Runs every mode of ``modes`` on one cell of ``config`` and writes the
     outputs (module docstring) to ``out``. Returns the summary dict."""
-    cfg = C.load_config(config, list(sets))
-    g = cfg['grid']
-    if precision:
-        cfg['train']['precision'] = precision
-    elif g.get('precisions'):
-        cfg['train']['precision'] = g['precisions'][0]
-    model = model or g['models'][0]
-    dataset = dataset or g['datasets'][0]
+    cfg = C.load(Config, config, list(sets))
+    g = cfg.grid
+    precision = precision or (g.precisions[0] if g.precisions
+                              else cfg.train.precision)
+    cfg = C.replace(cfg, train=C.replace(cfg.train, precision=precision))
+    model = model or g.models[0]
+    dataset = dataset or g.datasets[0]
     os.makedirs(out, exist_ok=True)
     records, infos, data = [], {}, None
     for mode in modes:
@@ -235,7 +231,7 @@ def diagnose(config, modes, out, sets=(), model=None, dataset=None, seed=0,
         if data is None:
             plain = cell._replace(mode=mode[len(AUTO_INIT):] if
                                   mode.startswith(AUTO_INIT) else mode)
-            data = load_datasets(dataset, run_config(cfg, plain)['data'])
+            data = load_datasets(dataset, cfg.for_model(plain.model).data)
         recs, info = run_probed(cfg, cell, every, data)
         records += recs
         infos[mode] = info
@@ -247,9 +243,9 @@ def diagnose(config, modes, out, sets=(), model=None, dataset=None, seed=0,
     write_summary_csv(rows, os.path.join(out, 'summary.csv'))
     plot(records, rows, os.path.join(out, 'diagnosis.png'),
          '{} on {}, {} (seed {})'.format(model, dataset,
-                                         cfg['train']['precision'], seed))
+                                         precision, seed))
     summary = {'config': config, 'sets': list(sets), 'model': model,
-               'dataset': dataset, 'precision': cfg['train']['precision'],
+               'dataset': dataset, 'precision': precision,
                'seed': seed, 'runs': infos}
     atomic.write_text(os.path.join(out, 'summary.json'),
                       json.dumps(summary, indent=2))
