@@ -52,6 +52,7 @@ import warnings
 import numpy
 
 from ada_loss.formats import get_format
+from ada_loss.formats.quantize import array_module as _xp
 from ada_loss.formats.widen import widen
 
 BOUNDS = ('output', 'product', 'fan_in', 'gauss')
@@ -95,14 +96,6 @@ def erfinv(y):
     except ImportError:
         return _erfinv_newton(float(y))
     return float(special.erfinv(y))
-
-
-def _xp(a):
-    try:
-        import cupy
-        return cupy.get_array_module(a)
-    except ImportError:
-        return numpy
 
 
 def max_abs(a):
