@@ -75,6 +75,14 @@ class Study(object):
         config): the whole config by default."""
         return C.to_dict(cfg)
 
+    @staticmethod
+    def cell_config(cfg, cell, **run):
+        """A run config made of the cell (``run``, with ``run`` extra keys)
+        and every section of ``cfg`` but the grid."""
+        out = {'run': dict(cell._asdict(), **run)}
+        out.update((k, v) for k, v in C.to_dict(cfg).items() if k != 'grid')
+        return out
+
     def stop_point(self, run_config):
         """The part of a run config that says where training stops
         (``--resume`` continues a finished run when it changed)."""

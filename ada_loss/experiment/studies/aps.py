@@ -275,9 +275,7 @@ class Table4Study(Study):
                                   'aps' if cell.aps else 'noaps', cell.seed)
 
     def run_config(self, cfg, cell):
-        out = {'run': dict(cell._asdict())}
-        out.update((k, v) for k, v in C.to_dict(cfg).items() if k != 'grid')
-        return out
+        return self.cell_config(cfg, cell)
 
     def stop_point(self, run_config):
         return ((run_config or {}).get('train') or {}).get('epochs')

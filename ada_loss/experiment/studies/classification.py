@@ -64,6 +64,16 @@ def mode_sort_key(mode):
             str(spec))
 
 
+def grid_modes(modes, fixed_scales):
+    """``modes`` then ``fixed:S`` for each scale S not among them."""
+    out = list(modes)
+    for scale in fixed_scales:
+        mode = str(parse_mode('fixed:{!r}'.format(scale)))
+        if mode not in out:
+            out.append(mode)
+    return out
+
+
 def mode_slug(mode):
     """A mode as a folder-name part (``fixed:128`` -> ``fixed_128``)."""
     return str(parse_mode(mode)).replace(':', '_').replace(',', '_')
@@ -258,12 +268,7 @@ class Config:
 
     def modes(self):
         """The grid's modes: ``grid.modes`` then ``fixed:S`` per scale."""
-        modes = list(self.grid.modes)
-        for scale in self.grid.fixed_scales:
-            mode = str(parse_mode('fixed:{!r}'.format(scale)))
-            if mode not in modes:
-                modes.append(mode)
-        return modes
+        return grid_modes(self.grid.modes, self.grid.fixed_scales)
 
     def precisions(self):
         """The precisions the grid runs in (None: per mode's default)."""

@@ -28,7 +28,6 @@ import dataclasses
 import json
 import math
 import os
-from typing import List
 
 import chainer
 import matplotlib
@@ -39,7 +38,6 @@ from ada_loss.analysis import gemm_probe
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.config import section, setting
-from ada_loss.experiment.data import load_datasets
 from ada_loss.experiment.studies import classification
 from ada_loss.experiment.studies.classification import Cell
 from ada_loss.experiment.studies.fp8_diagnosis import run_probed

@@ -42,7 +42,7 @@ from ada_loss.experiment import trainer as TR
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.runner import Study
 from ada_loss.experiment.studies.classification import (
-    mode_slug, mode_sort_key)
+    grid_modes, mode_slug, mode_sort_key)
 from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt
@@ -129,12 +129,8 @@ class Config:
     log: Log = section(Log)
 
     def modes(self):
-        modes = list(self.grid.modes)
-        for scale in self.grid.fixed_scales:
-            mode = str(parse_mode('fixed:{!r}'.format(scale)))
-            if mode not in modes:
-                modes.append(mode)
-        return sorted(modes, key=mode_sort_key)
+        return sorted(grid_modes(self.grid.modes, self.grid.fixed_scales),
+                      key=mode_sort_key)
 
 
 #: One run: model name, batch size, loss-scaling mode, seed.
@@ -175,10 +171,8 @@ class DetectionStudy(Study):
         return ssd_run_name(cell)
 
     def run_config(self, cfg, cell):
-        out = {'run': dict(cell._asdict(),
-                           precision=resolve_precision(cell.mode))}
-        out.update((k, v) for k, v in C.to_dict(cfg).items() if k != 'grid')
-        return out
+        return self.cell_config(cfg, cell,
+                                precision=resolve_precision(cell.mode))
 
     def stop_point(self, run_config):
         return ((run_config or {}).get('train') or {}).get('iterations')

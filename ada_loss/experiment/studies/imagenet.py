@@ -143,10 +143,8 @@ class ImageNetStudy(Study):
         return run_name(cell)
 
     def run_config(self, cfg, cell):
-        out = {'run': dict(cell._asdict(),
-                           precision=resolve_precision(cell.mode))}
-        out.update((k, v) for k, v in C.to_dict(cfg).items() if k != 'grid')
-        return out
+        return self.cell_config(cfg, cell,
+                                precision=resolve_precision(cell.mode))
 
     def stop_point(self, run_config):
         t = (run_config or {}).get('train') or {}
