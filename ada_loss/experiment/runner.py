@@ -348,11 +348,10 @@ def run_cells(study, cfg, cells, out, resume=False, force=False, comm=None,
 
 def quiet_config(cfg):
     """The config with console progress off (worker processes)."""
-    log = getattr(cfg, 'log', None)
-    if log is None or not hasattr(log, 'progress'):
+    log = getattr(cfg, 'log', None)     # a training study's Log section
+    if log is None:
         return cfg
-    off = 'none' if isinstance(log.progress, str) else False
-    return C.replace(cfg, log=C.replace(log, progress=off))
+    return C.replace(cfg, log=C.replace(log, progress='none'))
 
 
 # -- the command line ---------------------------------------------------------------

@@ -23,11 +23,14 @@ None or rank 0); extension names match on every rank, so a snapshot written
 by rank 0 loads everywhere.
 """
 import contextlib
+import dataclasses
 import datetime
 import io
 import math
 import os
 import shutil
+import sys
+from typing import Literal
 
 import chainer
 import numpy
@@ -37,7 +40,10 @@ from chainer.training import extensions as E
 from ada_loss import atomic
 from ada_loss.communication.communicator import (
     APSDistributedUpdater, create_aps_multi_node_optimizer)
+from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
+from ada_loss.experiment.config import setting
+from ada_loss.experiment.plots import plot_loss_scales
 from ada_loss.errors import NonFiniteGradientError
 from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training import extensions as AE
@@ -197,6 +203,57 @@ def evaluator(test_iter, model, comm=None):
     return ev
 
 
+@dataclasses.dataclass
+class Log:
+    """The ``log`` section of every training study: how often a run logs,
+    evaluates and writes its snapshot, and what it shows
+    (:func:`extend_trainer`). A study with other units or intervals
+    declares its own defaults with :func:`log_section`."""
+    log_interval: C.Interval = setting([1, 'epoch'], 'LogReport / log.csv '
+                                       '/ PrintReport / PlotReport interval')
+    eval_interval: C.Interval = setting([1, 'epoch'], 'evaluation interval '
+                                        '(also at the end)')
+    snapshot_interval: C.Interval = setting([1, 'epoch'], 'trainer snapshot '
+                                            'interval (also at the end)')
+    loss_scale_interval: int = setting(100, 'layer-wise modes: record '
+                                       'per-layer loss scales '
+                                       '(loss_scales.csv) every K '
+                                       'iterations', minimum=1)
+    progress: Literal['report', 'bar', 'both', 'none'] = setting(
+        'report', 'console output of a run: PrintReport, ProgressBar, both '
+        'or none')
+    plot: bool = setting(True, "PlotReport PNGs of the study's curves and, "
+                         'for layer-wise modes, loss_scales.png')
+
+
+def log_section(name, **defaults):
+    """A :class:`Log` with other defaults (e.g. intervals in iterations):
+    the keys, their docs and constraints stay those of :class:`Log`."""
+    fields = {f.name: f for f in dataclasses.fields(Log)}
+    unknown = set(defaults) - set(fields)
+    if unknown:
+        raise TypeError('not Log settings: {}'.format(sorted(unknown)))
+    changed = []
+    for key, value in defaults.items():
+        meta = dict(fields[key].metadata)
+        changed.append((key, fields[key].type,
+                        setting(value, meta.pop('doc'), **meta)))
+    return dataclasses.make_dataclass(name, changed, bases=(Log,))
+
+
+class _Console(object):
+    """stdout for PrintReport without its ANSI erase code when not a tty
+    (log files, the runner's workers)."""
+
+    def write(self, text):
+        if not sys.stdout.isatty():
+            text = text.replace('\033[J', '')
+        sys.stdout.write(text)
+
+    def flush(self):
+        sys.stdout.flush()
+
+
 def interval_triggers(log_cfg, stop):
     """``every(key)``: the trigger of the ``log`` interval ``key``, also
     firing at the stop point."""
@@ -208,7 +265,7 @@ def interval_triggers(log_cfg, stop):
 
 def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
                    optimizer, scaling, resuming=False, comm=None,
-                   history=None, reporters=None):
+                   history=None, print_keys=(), plots=()):
     """Registers the standard extensions of a run.
 
     On every rank: ``evaluator`` (name ``validation``, every
@@ -219,9 +276,11 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
     autoloaded, with fallback to ``snapshot_previous``, when ``resuming``;
     written every ``log.snapshot_interval`` on rank 0 only). On rank 0 also: an
     ObservationRecorder ``TestHistory`` of the keys ``history`` (if given),
-    LogReport and ``log.csv`` (every ``log.log_interval``), the extensions
-    of ``reporters(every)`` (a list of ``(extension, trigger, name)``, e.g.
-    PrintReport) and, for adaptive scaling, ``loss_scales.csv``.
+    LogReport and ``log.csv`` (every ``log.log_interval``), the console
+    reporters of ``log.progress`` (PrintReport of ``print_keys``,
+    ProgressBar), one PlotReport ``<name>.png`` per ``(name, keys)`` of
+    ``plots`` (if ``log.plot``) and, for layer-wise scaling,
+    ``loss_scales.csv``.
     """
     every = interval_triggers(log_cfg, stop)
     trainer.extend(evaluator, name='validation',
@@ -240,20 +299,20 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
         trainer.extend(AE.ObservationRecorder(history), name='TestHistory')
     trainer.extend(E.LogReport(trigger=every('log_interval')))
     trainer.extend(AE.LogCSV(), trigger=every('log_interval'))
-    for extension, trigger, name in (reporters(every) if reporters else ()):
-        trainer.extend(extension, trigger=trigger, name=name)
+    if log_cfg.progress in ('report', 'both'):
+        trainer.extend(E.PrintReport(list(print_keys), out=_Console()),
+                       trigger=every('log_interval'))
+    if log_cfg.progress in ('bar', 'both'):
+        trainer.extend(E.ProgressBar(update_interval=10))
+    if log_cfg.plot and E.PlotReport.available():
+        for name, keys in plots:
+            trainer.extend(AE.PlotReport(
+                list(keys), log_cfg.log_interval[1],
+                trigger=every('log_interval'),
+                filename=name.lower() + '.png'), name='Plot' + name)
     if hasattr(scaling, 'loss_scales'):
         trainer.extend(AE.LossScaleRecorder(
             scaling, interval=log_cfg.loss_scale_interval))
-
-
-def print_report(keys, every, enabled, out=None):
-    """``reporters`` entry of PrintReport every ``log.log_interval``."""
-    if not enabled:
-        return []
-    report = E.PrintReport(keys) if out is None else E.PrintReport(keys,
-                                                                   out=out)
-    return [(report, every('log_interval'), None)]
 
 
 def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
@@ -273,8 +332,8 @@ def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
     return info
 
 
-def run_trainer(trainer, updater, info, folder, finalize, comm=None,
-                threads=1):
+def run_trainer(trainer, updater, info, folder, finalize, log_cfg,
+                comm=None, threads=1):
     """Runs the trainer; a NonFiniteGradientError ends it as diverged.
 
     BLAS and OpenMP use ``threads`` threads during the run (recorded as
@@ -286,7 +345,8 @@ def run_trainer(trainer, updater, info, folder, finalize, comm=None,
     On rank 0 ``finalize(info, error)`` (``error``: the message or None)
     completes ``info`` (see :func:`summarize`), which is written to
     ``run.json``; other ranks only set status and iterations. Returns
-    ``info``.
+    ``info``. A finished run of a layer-wise mode also gets
+    ``loss_scales.png`` (if ``log.plot``).
     """
     error = None
     info['blas_threads'] = threads
@@ -304,6 +364,11 @@ def run_trainer(trainer, updater, info, folder, finalize, comm=None,
         return info
     finalize(info, error)
     R.write_run(folder, info)
+    scales = os.path.join(folder, 'loss_scales.csv')
+    if log_cfg.plot and info['status'] == R.FINISHED and \
+            os.path.exists(scales):
+        plot_loss_scales(scales, os.path.join(folder, 'loss_scales.png'),
+                         title=info['name'])
     return info
 
 

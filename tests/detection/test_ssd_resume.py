@@ -31,7 +31,7 @@ def run(voc_root, out, *args, kill=None, jobs=0):
             'data.loaderjobs={}'.format(jobs), 'train.iterations=6',
             'train.lr_steps=[3]', 'log.log_interval=1 iteration',
             'log.eval_interval=3 iteration',
-            'log.snapshot_interval=2 iteration', 'log.progress=false']
+            'log.snapshot_interval=2 iteration', 'log.progress=none']
     env = dict(os.environ)
     env.pop(ENV, None)
     if kill:

@@ -27,7 +27,7 @@ def test_table3_ssd_mini_grid(voc_root, tmp_path, capsys):
             'data.voc_root=' + voc_root, 'data.photometric=false',
             'data.loaderjobs=0', 'train.iterations=2', 'train.lr_steps=[1]',
             'log.log_interval=1 iteration', 'log.eval_interval=2 iteration',
-            'log.progress=false']
+            'log.progress=none']
     argv = ['--config', os.path.join(ROOT, 'configs', 'table3_ssd.yaml'),
             '--out', out] + sum((['--set', s] for s in sets), [])
     assert runner.main(detection.STUDY, argv) == 0

@@ -181,17 +181,9 @@ class Table4Train:
     eval_batchsize: int = setting(512, 'evaluation batch', minimum=1)
 
 
-@dataclasses.dataclass
-class Table4Log:
-    log_interval: C.Interval = setting([1, 'epoch'], 'LogReport interval')
-    eval_interval: C.Interval = setting([1000000, 'epoch'], 'test-set '
-                                        'evaluation interval (and at the '
-                                        'end)')
-    snapshot_interval: C.Interval = setting([1, 'epoch'], 'snapshot '
-                                            'interval (also at the end)')
-    loss_scale_interval: int = setting(100, 'layer-wise modes: '
-                                       'loss_scales.csv every K iterations',
-                                       minimum=1)
+#: Table 4 runs many cells at once: quiet, no PNGs, one test at the end.
+Table4Log = TR.log_section('Table4Log', eval_interval=[1000000, 'epoch'],
+                           progress='none', plot=False)
 
 
 @dataclasses.dataclass
@@ -334,7 +326,7 @@ class Table4Study(Study):
                              ('final_train_loss', loss)])
 
         return TR.run_trainer(trainer, updater, info, folder, finalize,
-                              threads=cfg.blas_threads)
+                              cfg.log, threads=cfg.blas_threads)
 
     def write_tables(self, cfg, out, quiet=False):
         folder = os.path.join(out, cfg.table)

@@ -29,23 +29,19 @@ import collections
 import dataclasses
 import os
 import random
-import sys
 from typing import List, Literal, Optional
 
 import numpy
 from chainer import training
-from chainer.training import extensions as E
 
 from ada_loss.communication.policy import CommPolicy
 from ada_loss.communication.summation import ORDERS
 from ada_loss.experiment import config as C
-from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables
 from ada_loss.experiment import trainer as TR
 from ada_loss.experiment.config import setting, section
 from ada_loss.experiment.data import DATASETS, dataset_info, load_datasets
 from ada_loss.experiment.models import MODEL_HELP, build
-from ada_loss.experiment.plots import plot_loss_scales
 from ada_loss.experiment.runner import Study
 from ada_loss.loss_scale.dynamic import describe_styles
 from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
@@ -160,23 +156,6 @@ class Train:
 
 
 @dataclasses.dataclass
-class Log:
-    log_interval: C.Interval = setting([1, 'epoch'], 'LogReport / '
-                                       'PrintReport / PlotReport interval')
-    eval_interval: C.Interval = setting([1, 'epoch'], 'test-set evaluation '
-                                        'interval')
-    snapshot_interval: C.Interval = setting([1, 'epoch'], 'trainer snapshot '
-                                            'interval (also at the end)')
-    loss_scale_interval: int = setting(100, 'layer-wise modes: record '
-                                       'per-layer loss scales every K '
-                                       'iterations', minimum=1)
-    progress: Literal['report', 'bar', 'both', 'none'] = setting(
-        'report', 'console output of a run')
-    plot: bool = setting(True, 'PlotReport PNGs (loss, accuracy) and the '
-                               'loss-scale plot')
-
-
-@dataclasses.dataclass
 class Comm:
     """Low-precision gradient communication of a data-parallel run (APS,
     seed 004; :mod:`ada_loss.communication`)."""
@@ -210,7 +189,7 @@ class Comm:
 
 #: Sections that ``per_model.<model>`` may override for one model.
 PER_MODEL_SECTIONS = {'model': Model, 'data': Data, 'train': Train,
-                      'log': Log}
+                      'log': TR.Log}
 
 
 class PerModel(object):
@@ -261,7 +240,7 @@ class Config:
     model: Model = section(Model)
     data: Data = section(Data)
     train: Train = section(Train)
-    log: Log = section(Log)
+    log: TR.Log = section(TR.Log)
     comm: Comm = section(Comm)
     per_model: PerModel = setting({}, 'per-model overrides of the sections '
                                   + ', '.join(PER_MODEL_SECTIONS))
@@ -323,18 +302,8 @@ Cell.__new__.__defaults__ = (None,)
 PRINT_KEYS = ['epoch', 'iteration', 'main/loss', 'validation/main/loss',
               'main/accuracy', 'validation/main/accuracy', 'lr',
               'loss_scale', 'skipped_steps', 'elapsed_time']
-
-
-class _Console(object):
-    """stdout for PrintReport without its ANSI erase code when not a tty."""
-
-    def write(self, text):
-        if not sys.stdout.isatty():
-            text = text.replace('\033[J', '')
-        sys.stdout.write(text)
-
-    def flush(self):
-        sys.stdout.flush()
+PLOTS = [('Loss', ['main/loss', 'validation/main/loss']),
+         ('Accuracy', ['main/accuracy', 'validation/main/accuracy'])]
 
 
 def run_name(cell):
@@ -417,7 +386,6 @@ class ClassificationStudy(Study):
         train_cfg, mcfg = c.train, c.model
         spec = parse_mode(cell.mode)
         folder = self.folder(out, cfg, cell)
-        writer = TR.is_writer(comm)
         info, resuming = TR.open_run(folder, [
             ('name', run_name(cell)), ('table', rcfg['table']),
             ('model', cell.model), ('dataset', cell.dataset),
@@ -464,19 +432,12 @@ class ClassificationStudy(Study):
                 optimizer=optimizer),
             optimizer, scaling, resuming, comm,
             history=['validation/main/accuracy', 'validation/main/loss'],
-            reporters=_reporters(c.log))
+            print_keys=PRINT_KEYS, plots=PLOTS)
 
-        TR.run_trainer(trainer, updater, info, folder, lambda info, error:
-                       _summarize(info, trainer, updater, scaling, error),
-                       comm, threads=cfg.blas_threads)
-        if not writer:
-            return info
-        if info['status'] == R.FINISHED and 'alpha_min' in info and \
-                c.log.plot:
-            plot_loss_scales(os.path.join(folder, 'loss_scales.csv'),
-                             os.path.join(folder, 'loss_scales.png'),
-                             title=info['name'])
-        return info
+        return TR.run_trainer(
+            trainer, updater, info, folder, lambda info, error: _summarize(
+                info, trainer, updater, scaling, error), c.log, comm,
+            threads=cfg.blas_threads)
 
     def write_tables(self, cfg, out, quiet=False):
         return tables.write_tables(os.path.join(out, cfg.table), cfg.layout,
@@ -502,27 +463,6 @@ def _summarize(info, trainer, updater, scaling, diverged_error):
         alphas = list(scaling.loss_scales().values())
         info['alpha_min'], info['alpha_max'] = min(alphas), max(alphas)
     return info
-
-
-def _reporters(log_cfg):
-    """PrintReport / ProgressBar / PlotReport (``loss.png``,
-    ``accuracy.png``) as configured in ``log``."""
-    def reporters(every):
-        out = TR.print_report(PRINT_KEYS, every, log_cfg.progress in (
-            'report', 'both'), out=_Console())
-        if log_cfg.progress in ('bar', 'both'):
-            out.append((E.ProgressBar(update_interval=10), None, None))
-        if log_cfg.plot and E.PlotReport.available():
-            x_key = log_cfg.log_interval[1]
-            for keys, name in ((['main/loss', 'validation/main/loss'],
-                                'Loss'),
-                               (['main/accuracy', 'validation/main/accuracy'],
-                                'Accuracy')):
-                out.append((AE.PlotReport(
-                    keys, x_key, trigger=every('log_interval'),
-                    filename=name.lower() + '.png'), None, 'Plot' + name))
-        return out
-    return reporters
 
 
 #: the one instance the entries run

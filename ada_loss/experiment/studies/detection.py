@@ -98,18 +98,9 @@ class Train:
     eval_batchsize: int = setting(8, 'evaluation batch size', minimum=1)
 
 
-@dataclasses.dataclass
-class Log:
-    log_interval: C.Interval = setting([100, 'iteration'], 'LogReport '
-                                       'interval')
-    eval_interval: C.Interval = setting([10000, 'iteration'], 'VOC07 test '
-                                        'mAP interval (and at the end)')
-    snapshot_interval: C.Interval = setting([1000, 'iteration'],
-                                            'snapshot interval')
-    loss_scale_interval: int = setting(100, 'layer-wise modes: '
-                                       'loss_scales.csv every K iterations',
-                                       minimum=1)
-    progress: bool = setting(True, 'PrintReport to the console')
+SSDLog = TR.log_section('SSDLog', log_interval=[100, 'iteration'],
+                        eval_interval=[10000, 'iteration'],
+                        snapshot_interval=[1000, 'iteration'])
 
 
 @dataclasses.dataclass
@@ -126,7 +117,7 @@ class Config:
     model: Model = section(Model)
     data: Data = section(Data)
     train: Train = section(Train)
-    log: Log = section(Log)
+    log: SSDLog = section(SSDLog)
 
     def modes(self):
         return sorted(grid_modes(self.grid.modes, self.grid.fixed_scales),
@@ -140,6 +131,8 @@ SSDCell = collections.namedtuple('SSDCell',
 PRINT_KEYS = ['iteration', 'main/loss', 'main/loss/loc', 'main/loss/conf',
               'validation/main/map', 'lr', 'loss_scale', 'skipped_steps',
               'elapsed_time']
+PLOTS = [('Loss', ['main/loss', 'main/loss/loc', 'main/loss/conf']),
+         ('mAP', ['validation/main/map'])]
 
 
 def ssd_run_name(cell):
@@ -237,8 +230,7 @@ class DetectionStudy(Study):
             IterationStepLR(train_cfg.lr, train_cfg.lr_steps,
                             train_cfg.lr_decay, optimizer=optimizer),
             optimizer, scaling, resuming, comm,
-            reporters=lambda every: TR.print_report(PRINT_KEYS, every,
-                                                    log_cfg.progress))
+            print_keys=PRINT_KEYS, plots=PLOTS)
 
         def finalize(info, error):
             log = trainer.get_extension('LogReport').log
@@ -258,8 +250,8 @@ class DetectionStudy(Study):
                              ('last_map', final_map),
                              ('final_train_loss', train_loss)], epoch=False)
 
-        return TR.run_trainer(trainer, updater, info, folder, finalize, comm,
-                              threads=cfg.blas_threads)
+        return TR.run_trainer(trainer, updater, info, folder, finalize,
+                              log_cfg, comm, threads=cfg.blas_threads)
 
     def summary(self, info):
         text = '{:<40s} {:<9s}'.format(info['name'], info['status'])

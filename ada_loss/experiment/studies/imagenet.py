@@ -29,7 +29,8 @@ from ada_loss.experiment import tables as T
 from ada_loss.experiment import trainer as TR
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.runner import Study
-from ada_loss.experiment.studies.classification import mode_sort_key, run_name
+from ada_loss.experiment.studies.classification import (
+    PLOTS, mode_sort_key, run_name)
 from ada_loss.models import build_model
 from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
@@ -79,18 +80,6 @@ class Train:
 
 
 @dataclasses.dataclass
-class Log:
-    log_interval: C.Interval = setting([1, 'epoch'], 'LogReport interval')
-    eval_interval: C.Interval = setting([1, 'epoch'], 'validation interval')
-    snapshot_interval: C.Interval = setting([1, 'epoch'], 'snapshot '
-                                            'interval')
-    loss_scale_interval: int = setting(100, 'layer-wise modes: '
-                                       'loss_scales.csv every K iterations',
-                                       minimum=1)
-    progress: bool = setting(True, 'PrintReport to the console')
-
-
-@dataclasses.dataclass
 class Config:
     """The config of Table 2."""
     table: str = setting('table2_imagenet', 'results subfolder')
@@ -101,7 +90,7 @@ class Config:
     grid: Grid = section(Grid)
     data: Data = section(Data)
     train: Train = section(Train)
-    log: Log = section(Log)
+    log: TR.Log = section(TR.Log)
 
 
 PRINT_KEYS = ['epoch', 'iteration', 'main/loss', 'validation/main/loss',
@@ -206,8 +195,7 @@ class ImageNetStudy(Study):
                          int(round(train_cfg.warmup_epochs *
                                    iters_per_epoch)), optimizer=optimizer),
             optimizer, scaling, resuming, comm,
-            reporters=lambda every: TR.print_report(PRINT_KEYS, every,
-                                                    log_cfg.progress))
+            print_keys=PRINT_KEYS, plots=PLOTS)
 
         def finalize(info, error):
             log = trainer.get_extension('LogReport').log
@@ -228,8 +216,8 @@ class ImageNetStudy(Study):
                              ('final_test_loss', test_loss),
                              ('final_train_loss', train_loss)])
 
-        return TR.run_trainer(trainer, updater, info, folder, finalize, comm,
-                              threads=cfg.blas_threads)
+        return TR.run_trainer(trainer, updater, info, folder, finalize,
+                              log_cfg, comm, threads=cfg.blas_threads)
 
     def write_tables(self, cfg, out, quiet=False):
         results = os.path.join(out, cfg.table)
