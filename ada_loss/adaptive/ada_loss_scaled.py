@@ -10,7 +10,8 @@ from ada_loss.formats import get_format
 from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.gemm import (
-    bound_gain, check_bound, check_scale, gemm_loss_scale, round_down_pow2)
+    bound_gain, check_bound, check_scale, gemm_loss_scale, loss_gradient_scale,
+    round_down_pow2)
 
 
 class AdaLossScaled(object):
@@ -28,7 +29,12 @@ class AdaLossScaled(object):
 
     Args:
         model (chainer.Link): the model (converted in place).
-        init_scale (float): α_{N+1}, the scale of the loss gradient (§3.1).
+        init_scale (float or 'auto'): α_{N+1}, the scale of the loss
+            gradient (§3.1). ``'auto'`` (*not in the paper*): start at 1,
+            then set it from the loss gradient's own statistics by Eq. 1
+            (:func:`~ada_loss.loss_scale.gemm.loss_gradient_scale`) at every
+            β update, for the next backward (the delay of
+            ``update_interval``); CPU only for now.
         t_uf (float): T_uf, the allowed underflow rate (§3.2.1).
         update_interval (int): recompute β every this many backward passes
             and reuse the last β in between (§4.3).
@@ -49,7 +55,12 @@ class AdaLossScaled(object):
     def __init__(self, model, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt='float16', bound='output',
                  max_layer_scale=None, max_accum_scale=None, verbose=True):
-        check_scale(init_scale, 'init_scale')
+        self.auto_init = isinstance(init_scale, str) and init_scale == 'auto'
+        if not self.auto_init:
+            if isinstance(init_scale, str):
+                raise ValueError("init_scale must be a positive number or "
+                                 "'auto', got {!r}".format(init_scale))
+            check_scale(init_scale, 'init_scale')
         if not 0 < t_uf < 1:
             raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
         if int(update_interval) != update_interval or update_interval < 1:
@@ -61,7 +72,7 @@ class AdaLossScaled(object):
                 raise ValueError('{} must be None or >= 1, got {!r}'
                                  .format(name, cap))
         self.model = model
-        self.init_scale = float(init_scale)
+        self.init_scale = 1.0 if self.auto_init else float(init_scale)
         self.t_uf = float(t_uf)
         self.update_interval = int(update_interval)
         self.fmt = get_format(fmt)
@@ -149,10 +160,21 @@ class AdaLossScaled(object):
         ``._loss_scale = α``: Chainer's ``UpdateRule`` divides by it in FP32.
         """
         self.iteration += 1
+        entry = None
+        if self.auto_init and (self.iteration - 1) % self.update_interval == 0:
+            if not isinstance(loss.array, numpy.ndarray):
+                raise NotImplementedError(
+                    "init_scale='auto' runs on the CPU only: its device path "
+                    'has not been written and run on a GPU yet')
+            entry = _LossGradientMoments()
         bp = ScaledBackprop(self._gemm_scale, self.fmt.u_max, self._observe,
-                            self._weight_scale)
+                            self._weight_scale, entry)
         bp.run(loss, self.init_scale)
         self._records = bp.gemm_records
+        if entry is not None and entry.count:
+            alpha = loss_gradient_scale(entry.second(), entry.peak,
+                                        self.t_uf, self.fmt)
+            self.init_scale = self._cap_accum(1.0, alpha)
         new = set(bp.foreign_gemms) - self._foreign_reported
         if new:
             self._foreign_reported |= new
@@ -184,8 +206,11 @@ class AdaLossScaled(object):
         return collections.OrderedDict(zip(keys, values))
 
     def serialize(self, serializer):
-        """Saves/loads the iteration count and the β cache (for resume)."""
+        """Saves/loads the iteration count, the β cache and, with
+        ``init_scale='auto'``, α_{N+1} (for resume)."""
         self.iteration = int(serializer('iteration', self.iteration))
+        if self.auto_init:
+            self.init_scale = float(serializer('init_scale', self.init_scale))
         keys = sorted(self._betas, key=str)
         if isinstance(serializer, chainer.serializer.Deserializer):
             keys = [k for k in str(serializer('beta_keys', '')).split('\n')
@@ -198,3 +223,25 @@ class AdaLossScaled(object):
             if any(is_device_scalar(v) for v in values):
                 values = device_kernels().to_floats(values)
             serializer('beta_values', numpy.array(values, dtype=numpy.float64))
+
+
+class _LossGradientMoments(object):
+    """E[g²] and max|g| of the unscaled loss gradient, over every GEMM that
+    receives it (``ScaledBackprop``'s ``loss_gradient`` callback), in
+    float64."""
+
+    def __init__(self):
+        self.total = 0.0
+        self.count = 0
+        self.peak = 0.0
+
+    def __call__(self, func, g, alpha):
+        g = numpy.asarray(g, numpy.float64) / alpha
+        self.total += float(numpy.sum(g * g))
+        self.count += g.size
+        if g.size:
+            self.peak = max(self.peak, float(numpy.abs(g).max()))
+
+    def second(self):
+        return self.total / self.count
+

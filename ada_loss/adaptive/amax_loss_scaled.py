@@ -45,6 +45,10 @@ class AmaxLossScaled(AdaLossScaled):
 
     def __init__(self, model, init_scale=1.0, margin=8, history=16,
                  fmt='float16', max_accum_scale=2.0 ** 24, verbose=True):
+        if isinstance(init_scale, str):
+            raise ValueError("amax: init_scale must be a positive number "
+                             "('auto' is an option of adaptive), got {!r}"
+                             .format(init_scale))
         if int(history) != history or history < 1:
             raise ValueError('history must be a positive integer, got {!r}'
                              .format(history))

@@ -118,13 +118,23 @@ class ScaledBackprop(object):
         weight_scale (callable or None): ``weight_scale(func, W, x, g,
             alpha)`` → γ ≤ 1 (a power of two): the weight and bias gradients
             are produced at α·γ instead of α (their leaves get that scale).
+        loss_gradient (callable or None): ``loss_gradient(func, g, alpha)``
+            for each GEMM whose incoming gradient comes from the loss through
+            no other GEMM (the loss gradient: e.g. the logits' gradient of a
+            classifier, every head of a detector), with that gradient's
+            array as carried (before the GEMM rounds it) and its scale.
     """
 
-    def __init__(self, gemm_scale, u_max, observe=None, weight_scale=None):
+    def __init__(self, gemm_scale, u_max, observe=None, weight_scale=None,
+                 loss_gradient=None):
         self.gemm_scale = gemm_scale
         self.u_max = u_max
         self.observe = observe
         self.weight_scale = weight_scale
+        self.loss_gradient = loss_gradient
+        # VariableNode -> whether its gradient reached it through no GEMM
+        # (tracked for ``loss_gradient`` only)
+        self._direct = {}
         #: {GEMM scale_key: (α of its weight gradient, β)}
         self.gemm_records = collections.OrderedDict()
         #: labels of Chainer GEMM nodes met that are not scale-aware
@@ -182,6 +192,8 @@ class ScaledBackprop(object):
                 seen.add(func)
 
         grads[loss.node] = [(gy, init_scale)]
+        if self.loss_gradient is not None:
+            self._direct[loss.node] = True
         add_cand(loss.creator_node)
 
         hooks_base = chainer.get_function_hooks().values()
@@ -222,6 +234,8 @@ class ScaledBackprop(object):
                    if g is not None]
         if not present:
             return
+        direct = self.loss_gradient is not None and all(
+            [self._direct.pop(outputs[i], False) for i, _, _ in present])
         out_grad = [None] * len(outputs)
         if len(present) == 1:
             i, g, alpha = present[0]
@@ -237,6 +251,8 @@ class ScaledBackprop(object):
         in_scales = [alpha] * len(inputs)
         is_gemm = isinstance(func, GemmFunction)
         if is_gemm:
+            if direct:
+                self.loss_gradient(func, out_grad[0].array, alpha)
             # The gradient as the GEMM stores it (its backward format): the
             # statistics of Algorithm 4 see the stored values.
             out_grad = (func.quantize_grad_output(out_grad[0]),) \
@@ -301,6 +317,9 @@ class ScaledBackprop(object):
                 continue
             x = inputs[i]
             grads.setdefault(x, []).append((gx, in_scales[i]))
+            if self.loss_gradient is not None:
+                self._direct[x] = self._direct.get(x, True) and direct \
+                    and not is_gemm
             if x.creator_node is None:
                 leaves[x] = None
             else:

@@ -157,6 +157,34 @@ def round_down_pow2(x):
     return math.ldexp(1.0, e - 1)
 
 
+def loss_gradient_scale(second, peak, t_uf=1e-3, fmt='float16'):
+    """α_{N+1} by Eq. 1 for the loss gradient itself (*not in the paper*:
+    ``adaptive:init_scale=auto``).
+
+    The paper starts the backward at a constant α_{N+1} (§3.1); in FP8 the
+    unscaled loss gradient then loses most of its entries where the first
+    GEMM stores it (docs/fp8_diagnosis.md). Modelling the loss gradient g as
+    N(0, E[g²]) as §3.2.1 models each product, the smallest scale with
+    P(α|g| < u) ≤ T_uf is u / (√E[g²] · √2 · erfinv(T_uf)); post-processed
+    as §3.2.3: at least 1, capped by u_max / max|g|, rounded down to a power
+    of two.
+
+    Args:
+        second (float): E[g²] of the unscaled loss gradient.
+        peak (float): its max|g|.
+
+    Returns:
+        float: a power of two; 1 for an all-zero or non-finite gradient.
+    """
+    if not 0 < t_uf < 1:
+        raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
+    f = get_format(fmt)
+    if not (second > 0 and math.isfinite(second) and math.isfinite(peak)):
+        return 1.0
+    lower = f.u_min / (math.sqrt(second) * math.sqrt(2.0) * erfinv(t_uf))
+    return round_down_pow2(min(max(lower, 1.0), f.u_max / peak))
+
+
 def grad_input_gain(W, axes):
     """max_j Σ_i |W_ij|: the largest factor by which the backward GEMM can
     grow max|g| (the ∞-norm of the map g ↦ gx), with ``axes`` the axes of W

@@ -190,7 +190,11 @@ class AdaptiveScaling(LossScaling):
 
     @property
     def scale(self):
-        return self.options['init_scale']
+        """α_{N+1}, the scale the next backward starts from."""
+        if self.ada is not None:
+            return self.ada.init_scale
+        init = self.options['init_scale']
+        return 1.0 if init == 'auto' else init
 
     def serialize(self, serializer):
         if self.ada is not None:

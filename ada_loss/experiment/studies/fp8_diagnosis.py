@@ -19,7 +19,6 @@ import numpy
 
 from ada_loss import atomic
 from ada_loss.analysis import gemm_probe
-from ada_loss.analysis.auto_init_scale import AutoInitScale
 from ada_loss.errors import NonFiniteGradientError
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
@@ -31,10 +30,6 @@ from ada_loss.scaling import make_loss_scaling, parse_mode
 from ada_loss.training import Classifier
 from ada_loss.training import dtype_config
 from ada_loss.training.extensions import StepLearningRate
-
-#: mode prefix of the prototype :mod:`ada_loss.analysis.auto_init_scale`
-#: (``auto_init:adaptive``): α_{N+1} by Eq. 1 from the loss gradient
-AUTO_INIT = 'auto_init:'
 
 SUMMARY_FIELDS = ('mode', 'layer_id', 'layer', 'log2_alpha', 'log2_beta',
                   'uf_in', 'of_in', 'headroom_in_log2', 'uf_out', 'of_out',
@@ -66,10 +61,6 @@ def run_probed(cfg, cell, every=1, datasets=None):
     Returns ``(records, info)``; info has ``final_test_accuracy``,
     ``skipped_steps``, ``iterations`` and ``diverged``.
     """
-    label = cell.mode
-    auto = cell.mode.startswith(AUTO_INIT)
-    if auto:
-        cell = cell._replace(mode=cell.mode[len(AUTO_INIT):])
     c = cfg.for_model(cell.model)
     precision = STUDY.run_config(cfg, cell)['run']['precision']
     train_cfg, mcfg = c.train, c.model
@@ -88,17 +79,12 @@ def run_probed(cfg, cell, every=1, datasets=None):
     inner = make_loss_scaling(cell.mode, precision)
     bound = (spec.options.get('bound', 'output') if spec.name == 'adaptive'
              else None)
-    if auto:
-        if spec.name != 'adaptive':
-            raise ValueError('{} needs an adaptive mode, got {!r}'.format(
-                AUTO_INIT, cell.mode))
-        inner = AutoInitScale(inner)
     scaling = gemm_probe.ProbingLossScaling(
-        inner, label, every, spec.options.get('t_uf', 1e-3), bound)
+        inner, cell.mode, every, spec.options.get('t_uf', 1e-3), bound)
     updater = T.make_updater(it, optimizer, scaling, spec)
     lr = StepLearningRate(train_cfg.lr, train_cfg.lr_steps,
                           train_cfg.lr_decay)
-    info = {'mode': label, 'diverged': None}
+    info = {'mode': cell.mode, 'diverged': None}
     while it.epoch_detail < train_cfg.epochs:
         optimizer.lr = lr.value(updater.iteration, it.epoch_detail)
         try:
@@ -229,9 +215,7 @@ def diagnose(config, modes, out, sets=(), model=None, dataset=None, seed=0,
     for mode in modes:
         cell = Cell(model, dataset, mode, seed)
         if data is None:
-            plain = cell._replace(mode=mode[len(AUTO_INIT):] if
-                                  mode.startswith(AUTO_INIT) else mode)
-            data = load_datasets(dataset, cfg.for_model(plain.model).data)
+            data = load_datasets(dataset, cfg.for_model(cell.model).data)
         recs, info = run_probed(cfg, cell, every, data)
         records += recs
         infos[mode] = info
