@@ -50,6 +50,7 @@ import chainer
 import numpy
 
 from ada_loss import atomic
+from ada_loss.analysis.observing import ObservingLossScaling
 from ada_loss.analysis.recorder import GradientRecorder
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.loss_scale import gemm as G
@@ -210,64 +211,46 @@ def set_by(lower, upper):
     return 'lower' if beta > 1.0 else 'one'
 
 
-class ProbingLossScaling(object):
+class ProbingLossScaling(ObservingLossScaling):
     """Wraps a loss-scaling method and probes every ``every``-th backward
     pass (and the first) with a :class:`GemmProbe`; rows go to
     ``self.records`` with the mode name, the iteration, α, and ``skipped``.
+    An :class:`ada_loss.analysis.observing.ObservingLossScaling`.
     """
 
     def __init__(self, inner, mode, every=1, t_uf=1e-3, bound=None):
-        self.inner = inner
+        super(ProbingLossScaling, self).__init__(inner, every)
         self.mode = mode
-        self.every = int(every)
         self.t_uf = t_uf
         self.bound = bound
-        self.iteration = 0
         self.records = []
-        self._last = []
+        self._last = []     # the rows of the last backward pass
         self._ids = collections.OrderedDict()
-
-    recovers = property(lambda self: self.inner.recovers)
-    scale = property(lambda self: self.inner.scale)
-    fmt = property(lambda self: self.inner.fmt)
 
     def bind(self, model):
         # name every GEMM layer by its path in every mode (as AdaLossScaled)
         GradientRecorder().bind(model)
-        self.inner.bind(model)
+        super(ProbingLossScaling, self).bind(model)
 
     def backward(self, loss):
-        self.iteration += 1
         self._last = []
-        if not (self.iteration == 1 or self.iteration % self.every == 0):
-            return self.inner.backward(loss)
+        return super(ProbingLossScaling, self).backward(loss)
+
+    def _observe(self, loss):
         probe = GemmProbe(self.t_uf, self.bound)
         probe.layer_ids = self._ids
-        alpha = self.inner.scale
-        with probe:
-            self.inner.backward(loss)
-        alphas = (dict(self.inner.loss_scales())
-                  if hasattr(self.inner, 'loss_scales') else {})
+        scale, alphas = self._backward_with(probe, loss)
         for row in probe.pending:
             row.pop('_func', None)
             row.setdefault('k', 0.0)
             row.update(mode=self.mode, iteration=self.iteration, skipped=0,
-                       alpha=float(alphas.get(row['layer'], alpha)))
+                       alpha=float((alphas or {}).get(row['layer'], scale)))
             self.records.append(row)
             self._last.append(row)
 
-    def update(self, found_nonfinite):
-        if found_nonfinite:
-            for row in self._last:
-                row['skipped'] = 1
-        self.inner.update(found_nonfinite)
-
-    def loss_scales(self):
-        return self.inner.loss_scales() if hasattr(
-            self.inner, 'loss_scales') else {}
-
-    def serialize(self, serializer):
-        self.inner.serialize(serializer)
+    def _mark_skipped(self):
+        for row in self._last:
+            row['skipped'] = 1
 
 
 def _short(v):

@@ -34,6 +34,7 @@ import numpy
 
 from ada_loss import atomic
 from ada_loss.analysis import grad_stats
+from ada_loss.analysis.observing import ObservingLossScaling
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.links import GEMM_LINK_TYPES
 
@@ -203,62 +204,35 @@ def load_csv(path):
     return rows
 
 
-class RecordingLossScaling(object):
+class RecordingLossScaling(ObservingLossScaling):
     """A loss-scaling method that records gradients every ``every`` steps.
 
-    Delegates everything to ``inner`` (any :class:`ada_loss.scaling.
-    LossScaling`); usable wherever the method is, e.g. in
-    :class:`ada_loss.training.MixedPrecisionUpdater`. Iterations are counted
-    by backward passes (1-based); iteration 1 and every ``every``-th one are
-    recorded.
+    An :class:`ada_loss.analysis.observing.ObservingLossScaling`: it
+    delegates everything to ``inner`` (any :class:`ada_loss.scaling.
+    LossScaling`) and records, with ``recorder``, iteration 1 and every
+    ``every``-th one (counted by backward passes, 1-based).
     """
 
     def __init__(self, inner, recorder=None, every=100):
-        if int(every) != every or every < 1:
-            raise ValueError('every must be a positive integer, got {!r}'
-                             .format(every))
-        self.inner = inner
+        super(RecordingLossScaling, self).__init__(inner, every)
         self.recorder = recorder or GradientRecorder()
-        self.every = int(every)
-        self.iteration = 0
-        self._recorded = False
-
-    recovers = property(lambda self: self.inner.recovers)
-    scale = property(lambda self: self.inner.scale)
-    fmt = property(lambda self: self.inner.fmt)   # the updater's overflow test
 
     def bind(self, model):
         self.recorder.bind(model)
-        self.inner.bind(model)
+        super(RecordingLossScaling, self).bind(model)
 
-    def _records_now(self):
-        return self.iteration == 1 or self.iteration % self.every == 0
-
-    def backward(self, loss):
-        self.iteration += 1
-        self._recorded = self._records_now()
-        if not self._recorded:
-            return self.inner.backward(loss)
-        alpha = self.inner.scale
+    def _observe(self, loss):
         try:
-            with self.recorder:
-                self.inner.backward(loss)
+            scale, alphas = self._backward_with(self.recorder, loss)
         except Exception:
             self.recorder.discard_pending()
             raise
-        if hasattr(self.inner, 'loss_scales'):     # adaptive: per layer
-            alpha = dict(self.inner.loss_scales())
-        self.recorder.finish(self.iteration, alpha)
+        self.recorder.finish(self.iteration,
+                             scale if alphas is None else alphas)
 
-    def update(self, found_nonfinite):
-        if self._recorded and found_nonfinite:
-            self.recorder.mark_skipped(self.iteration)
-        self.inner.update(found_nonfinite)
-
-    def loss_scales(self):
-        return self.inner.loss_scales() if hasattr(
-            self.inner, 'loss_scales') else {}
+    def _mark_skipped(self):
+        self.recorder.mark_skipped(self.iteration)
 
     def serialize(self, serializer):
-        self.inner.serialize(serializer)
+        super(RecordingLossScaling, self).serialize(serializer)
         self.iteration = int(serializer('recorder_iteration', self.iteration))

@@ -1,0 +1,86 @@
+"""A loss-scaling method that observes some of its backward passes.
+
+:class:`ObservingLossScaling` is what :class:`ada_loss.analysis.recorder.
+RecordingLossScaling` and :class:`ada_loss.analysis.gemm_probe.
+ProbingLossScaling` share: it wraps any loss-scaling method, delegates
+everything to it, counts backward passes (1-based) and observes iteration 1
+and every ``every``-th one; the other passes run the inner method alone, so
+observing costs nothing there. A subclass says only what it does on an
+observed pass (:meth:`~ObservingLossScaling._observe`) and when the update of
+an observed step is skipped for non-finite gradients
+(:meth:`~ObservingLossScaling._mark_skipped`).
+"""
+
+
+class ObservingLossScaling(object):
+    """Delegates to ``inner`` and observes some backward passes (see module).
+
+    Usable wherever ``inner`` is, e.g. in :class:`ada_loss.training.
+    MixedPrecisionUpdater`.
+
+    Args:
+        inner: any :class:`ada_loss.scaling.LossScaling`.
+        every (int): observe iteration 1 and every ``every``-th one.
+    """
+
+    def __init__(self, inner, every):
+        if int(every) != every or every < 1:
+            raise ValueError('every must be a positive integer, got {!r}'
+                             .format(every))
+        self.inner = inner
+        self.every = int(every)
+        self.iteration = 0
+        self._observed = False
+
+    recovers = property(lambda self: self.inner.recovers)
+    scale = property(lambda self: self.inner.scale)
+    fmt = property(lambda self: self.inner.fmt)   # the updater's overflow test
+
+    def bind(self, model):
+        self.inner.bind(model)
+
+    def _observes_now(self):
+        return self.iteration == 1 or self.iteration % self.every == 0
+
+    def backward(self, loss):
+        self.iteration += 1
+        self._observed = self._observes_now()
+        if not self._observed:
+            return self.inner.backward(loss)
+        self._observe(loss)
+
+    def _observe(self, loss):
+        """Runs the inner backward pass of an observed iteration (with
+        :meth:`_backward_with`)."""
+        raise NotImplementedError
+
+    def _backward_with(self, hook, loss):
+        """Runs the inner backward pass with the FunctionHook ``hook``
+        installed.
+
+        Returns:
+            (scale, alphas): the loss scale the pass started at (read before
+            it), and the per-layer scales {layer: α} after it for a
+            layer-wise method (one with ``loss_scales``), else None.
+        """
+        scale = self.inner.scale
+        with hook:
+            self.inner.backward(loss)
+        alphas = (dict(self.inner.loss_scales())
+                  if hasattr(self.inner, 'loss_scales') else None)
+        return scale, alphas
+
+    def _mark_skipped(self):
+        """Called when the update of an observed iteration is skipped."""
+
+    def update(self, found_nonfinite):
+        if self._observed and found_nonfinite:
+            self._mark_skipped()
+        self.inner.update(found_nonfinite)
+
+    def loss_scales(self):
+        return self.inner.loss_scales() if hasattr(
+            self.inner, 'loss_scales') else {}
+
+    def serialize(self, serializer):
+        self.inner.serialize(serializer)
