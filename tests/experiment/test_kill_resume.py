@@ -30,7 +30,8 @@ from ada_loss.training.faults import ENV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-MODES = ('fixed:64', 'dynamic:growth_interval=2', 'adaptive')
+MODES = ('fixed:64', 'dynamic:growth_interval=2', 'adaptive',
+         'adaptive:fmt=fp8_e4m3,init_scale=auto')
 TIME_KEYS = ('elapsed_time', '_snapshot_elapsed_time')
 #: each kill (point:count, counted from the start of that process) and the
 #: iteration of the snapshot it resumes from: 3 iterations per epoch,
