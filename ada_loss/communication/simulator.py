@@ -28,13 +28,9 @@ caches that persist across steps (adaptive scaling with ``update_interval``
 """
 import numpy
 
-import chainer
-
 from ada_loss.communication.allreduce import StepReduction
 from ada_loss.communication.policy import CommPolicy
-from ada_loss.scaling.methods import NonFiniteGradientError
-from ada_loss.training.updater import (
-    MixedPrecisionUpdater, all_grads_finite, call_loss, nonfinite_params)
+from ada_loss.training.updater import MixedPrecisionUpdater, call_loss
 
 
 def split_batch(batch, n_workers):
@@ -163,25 +159,11 @@ class SimulatedDataParallelUpdater(MixedPrecisionUpdater):
             losses.append(float(loss.array))
             self.loss_scaling.backward(loss)
             del loss
-            finite = all_grads_finite(model) and finite
+            finite = self.grads_finite(model) and finite
             worker_grads.append([(p.grad, p._loss_scale) for _, p in named])
         self.last_loss = float(numpy.mean(losses))
-        if finite:
+
+        def apply():
             simulated_mean(named, worker_grads, self.policy, epoch)
             optimizer.update()
-        else:
-            self.skipped_steps += 1
-            if not self.loss_scaling.recovers:
-                raise NonFiniteGradientError(
-                    'non-finite gradient (Inf/NaN) at iteration {} with loss '
-                    'scaling mode {!r} in: {}'.format(
-                        self.iteration + 1, self.mode,
-                        ', '.join(nonfinite_params(model)[:8])))
-            model.cleargrads()
-        self.loss_scaling.update(not finite)
-        # As StandardUpdater: the epoch is the iterator's
-        if self.auto_new_epoch and iterator.is_new_epoch:
-            optimizer.new_epoch(auto=True)
-        chainer.report({'loss_scale': self.loss_scaling.scale,
-                        'skipped_steps': self.skipped_steps,
-                        'shard_loss': self.last_loss})
+        self.finish_step(finite, apply, shard_loss=self.last_loss)

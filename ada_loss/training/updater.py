@@ -128,10 +128,19 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         loss = call_loss(loss_func, in_arrays)
         self.loss_scaling.backward(loss)
         del loss
+        self.finish_step(self.grads_finite(model), optimizer.update)
 
-        finite = self.grads_finite(model)
+    def finish_step(self, finite, apply, **observations):
+        """The end of a step, after the backward: ``apply()`` (the update)
+        if the gradients are ``finite``, else the step is skipped and counted
+        (or :class:`NonFiniteGradientError` raised for a mode that cannot
+        recover); then the loss scale's update, the epoch, and the report
+        (``loss_scale``, ``skipped_steps`` and ``observations``)."""
+        iterator = self._iterators['main']
+        optimizer = self._optimizers['main']
+        model = optimizer.target
         if finite:
-            optimizer.update()
+            apply()
         else:
             self.skipped_steps += 1
             if not self.loss_scaling.recovers:
@@ -149,8 +158,9 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         # this step reached the weights.
         if self.auto_new_epoch and iterator.is_new_epoch:
             optimizer.new_epoch(auto=True)
-        chainer.report({'loss_scale': self.loss_scaling.scale,
-                        'skipped_steps': self.skipped_steps})
+        chainer.report(dict(observations,
+                            loss_scale=self.loss_scaling.scale,
+                            skipped_steps=self.skipped_steps))
 
     def grads_finite(self, model):
         """Whether this step's gradients are all finite (and, in a format

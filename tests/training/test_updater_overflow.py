@@ -1,4 +1,4 @@
-"""MixedPrecisionUpdater's overflow check (ada_loss/training/updater.py):
+"""MixedPrecisionUpdater's (and the worker simulator's) overflow check (ada_loss/training/updater.py):
 Inf/NaN, and in a gradient format that saturates a value at ± u_max; the step
 is skipped and dynamic scaling backs off as in IEEE formats. Dynamic-style
 state in snapshots."""
@@ -11,6 +11,8 @@ import chainer
 import chainer.functions as F
 
 from ada_loss import links as AL
+from ada_loss.communication import CommPolicy
+from ada_loss.communication.simulator import SimulatedDataParallelUpdater
 from ada_loss.formats import get_format
 from ada_loss.scaling import NonFiniteGradientError, make_loss_scaling
 from ada_loss.training import MixedPrecisionUpdater, all_grads_finite
@@ -110,6 +112,24 @@ def test_constructed_saturation_is_skipped_and_backs_off(style):
     up16, _, sc16 = _updater(mode, [sat[0]], fmt=F16)
     up16.update()
     assert up16.skipped_steps == 0 and sc16.scale in (64, 128)
+
+
+def test_simulated_workers_skip_a_saturated_step_too():
+    """The many-worker simulator ends its steps as the updater does: a
+    gradient at ± u_max of a saturating format is an overflow there too."""
+    sat = np.full(4, FP6.u_max / 64, np.float32)
+    net = Net()
+    opt = chainer.optimizers.MomentumSGD(0.01)
+    opt.setup(net)
+    sc = make_loss_scaling('dynamic:init_scale=64')
+    sc.fmt = FP6
+    it = chainer.iterators.SerialIterator([sat, sat * 0.01], 2, shuffle=False)
+    up = SimulatedDataParallelUpdater(it, opt, sc, 2, CommPolicy('float16'),
+                                      mode='dynamic')
+    w0 = net.fc.W.array.copy()
+    up.update()
+    assert up.skipped_steps == 1 and sc.scale == 32
+    np.testing.assert_array_equal(net.fc.W.array, w0)
 
 
 def test_fixed_scale_in_saturating_format_raises():
