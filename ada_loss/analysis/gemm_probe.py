@@ -54,6 +54,7 @@ from ada_loss.analysis.observing import ObservingLossScaling
 from ada_loss.analysis.recorder import GradientRecorder
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.loss_scale import gemm as G
+from ada_loss.training.extensions import CSVRecorder
 
 #: Column order of the probe's CSV.
 FIELDS = ('mode', 'iteration', 'layer_id', 'layer', 'alpha', 'beta',
@@ -251,6 +252,28 @@ class ProbingLossScaling(ObservingLossScaling):
     def _mark_skipped(self):
         for row in self._last:
             row['skipped'] = 1
+
+    def serialize(self, serializer):
+        # the pass count: a resumed run probes the same passes
+        super(ProbingLossScaling, self).serialize(serializer)
+        self.iteration = int(serializer('probe_iteration', self.iteration))
+
+
+class ProbeRecorder(CSVRecorder):
+    """Writes the rows of a :class:`ProbingLossScaling` to ``probe.csv``
+    (columns :data:`FIELDS`) after every step, as a kill- and resume-safe
+    :class:`~ada_loss.training.extensions.CSVRecorder`; the rows leave the
+    scaling's ``records`` as they are written."""
+
+    header = FIELDS
+
+    def __init__(self, scaling, filename='probe.csv'):
+        super(ProbeRecorder, self).__init__(filename)
+        self.scaling = scaling
+
+    def rows(self, trainer):
+        records, self.scaling.records[:] = list(self.scaling.records), []
+        return [[_short(r.get(k)) for k in FIELDS] for r in records]
 
 
 def _short(v):

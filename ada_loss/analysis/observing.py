@@ -35,6 +35,8 @@ class ObservingLossScaling(object):
     recovers = property(lambda self: self.inner.recovers)
     scale = property(lambda self: self.inner.scale)
     fmt = property(lambda self: self.inner.fmt)   # the updater's overflow test
+    #: the layer-wise method's model wrapper (None for a global scale)
+    ada = property(lambda self: getattr(self.inner, 'ada', None))
 
     def bind(self, model):
         self.inner.bind(model)

@@ -30,7 +30,7 @@ import math
 import os
 import shutil
 import sys
-from typing import Literal
+from typing import Literal, Optional
 
 import chainer
 import numpy
@@ -38,6 +38,7 @@ import threadpoolctl
 from chainer.training import extensions as E
 
 from ada_loss import atomic
+from ada_loss.analysis.gemm_probe import ProbeRecorder, ProbingLossScaling
 from ada_loss.communication.communicator import (
     APSDistributedUpdater, create_aps_multi_node_optimizer)
 from ada_loss.experiment import config as C
@@ -45,6 +46,7 @@ from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.config import setting
 from ada_loss.experiment.plots import plot_loss_scales
 from ada_loss.errors import NonFiniteGradientError
+from ada_loss.scaling import make_loss_scaling, parse_mode
 from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training import extensions as AE
 from ada_loss.training.random_states import RandomStates, SerialIterator
@@ -148,6 +150,22 @@ def open_run(folder, fields, description, config_text, resume=False,
     return info, resuming
 
 
+def make_scaling(mode, precision, log_cfg):
+    """The loss scaling of ``mode`` in ``precision``
+    (:func:`ada_loss.scaling.make_loss_scaling`), wrapped in a
+    :class:`~ada_loss.analysis.gemm_probe.ProbingLossScaling` when
+    ``log.probe_every`` is set (:func:`extend_trainer` then writes
+    ``probe.csv``)."""
+    scaling = make_loss_scaling(mode, precision)
+    if log_cfg.probe_every is None:
+        return scaling
+    spec = parse_mode(mode)
+    bound = spec.options.get('bound', 'output') \
+        if spec.name == 'adaptive' else None
+    return ProbingLossScaling(scaling, str(spec), log_cfg.probe_every,
+                              spec.options.get('t_uf', 1e-3), bound)
+
+
 def make_updater(train_iter, optimizer, scaling, spec, comm=None,
                  summary_path=None, aps=False):
     """The (distributed) mixed-precision updater of mode ``spec``. What the
@@ -224,6 +242,10 @@ class Log:
         'or none')
     plot: bool = setting(True, "PlotReport PNGs of the study's curves and, "
                          'for layer-wise modes, loss_scales.png')
+    probe_every: Optional[int] = setting(
+        None, 'probe every GEMM layer at step 1 and every K steps '
+        '(underflow, overflow, bounds, errors; ada_loss/analysis/'
+        'gemm_probe.py) into probe.csv; null: off', minimum=1)
 
 
 def log_section(name, **defaults):
@@ -310,9 +332,11 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
                 list(keys), log_cfg.log_interval[1],
                 trigger=every('log_interval'),
                 filename=name.lower() + '.png'), name='Plot' + name)
-    if hasattr(scaling, 'loss_scales'):
+    if getattr(scaling, 'ada', None) is not None:
         trainer.extend(AE.LossScaleRecorder(
             scaling, interval=log_cfg.loss_scale_interval))
+    if isinstance(scaling, ProbingLossScaling):
+        trainer.extend(ProbeRecorder(scaling), trigger=(1, 'iteration'))
 
 
 def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):

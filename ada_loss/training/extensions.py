@@ -1,8 +1,9 @@
 """Trainer extensions for the loss-scaling experiments (paper §4.1).
 
 * :class:`StepLearningRate` -- He et al.'s step schedule with warm-up.
-* :class:`LossScaleRecorder` -- per-layer adaptive loss scales over
-  iterations to CSV (what Figure 4 of the paper plots).
+* :class:`CSVRecorder` -- rows appended to a CSV file, kill- and
+  resume-safe; :class:`LossScaleRecorder` -- per-layer adaptive loss scales
+  over iterations (what Figure 4 of the paper plots).
 * :class:`LogCSV` -- ``LogReport``'s log as CSV.
 * :class:`PlotReport` -- Chainer's, with the PNG replaced atomically.
 * :class:`FP32MasterWeights` -- puts the FP32 master weights of mixed16
@@ -76,12 +77,9 @@ class StepLearningRate(extension.Extension):
         self._set(trainer)
 
 
-class LossScaleRecorder(extension.Extension):
-    """Appends ``iteration, layer, alpha, beta`` rows to a CSV file for every
-    GEMM layer, at iteration 1 and every ``interval`` iterations.
-
-    α is the scale of the layer's weight gradient (paper §3.1, the loss scale
-    the optimizer divides by), β its local scale (Algorithm 4).
+class CSVRecorder(extension.Extension):
+    """Appends rows to a CSV file under the trainer's output folder, safely
+    across kills and resumes.
 
     It runs before the snapshot of the same iteration, so every row in the
     file belongs to an iteration the run has reached. After a resume (or a
@@ -89,34 +87,29 @@ class LossScaleRecorder(extension.Extension):
     atomically without the rows of this and later iterations and without
     incomplete rows; the resumed run writes them again.
 
-    Args:
-        loss_scaling (ada_loss.scaling.AdaptiveScaling): the method.
-        filename (str): file under the trainer's output folder.
-        interval (int): K.
+    A subclass gives ``header`` (with an ``'iteration'`` column) and
+    :meth:`rows`.
     """
 
     priority = extension.PRIORITY_READER
-    header = ('iteration', 'layer', 'alpha', 'beta')
+    header = ('iteration',)
 
-    def __init__(self, loss_scaling, filename='loss_scales.csv',
-                 interval=100):
-        self.loss_scaling = loss_scaling
+    def __init__(self, filename):
         self.filename = filename
-        self.interval = interval
-
-    def trigger(self, trainer):
-        it = trainer.updater.iteration
-        return it == 1 or it % self.interval == 0
 
     def initialize(self, trainer):
         self._synced = False
 
-    @staticmethod
-    def _complete(row):
-        if len(row) != 4:
+    def rows(self, trainer):
+        """The rows of this call (sequences of values, in ``header``'s
+        order)."""
+        raise NotImplementedError
+
+    def _complete(self, row):
+        if len(row) != len(self.header):
             return False
         try:
-            int(row[0]), float(row[2]), float(row[3])
+            int(row[self.header.index('iteration')])
         except ValueError:
             return False
         return True
@@ -124,11 +117,12 @@ class LossScaleRecorder(extension.Extension):
     def _sync(self, path, iteration):
         """Keeps the complete rows of iterations before ``iteration``."""
         rows = []
+        column = self.header.index('iteration')
         if os.path.exists(path):
             with open(path, newline='') as f:
                 rows = [r for r in csv.reader(f)][1:]
             rows = [r for r in rows if self._complete(r) and
-                    int(r[0]) < iteration]
+                    int(r[column]) < iteration]
         buf = io.StringIO()
         w = csv.writer(buf)
         w.writerow(self.header)
@@ -136,22 +130,63 @@ class LossScaleRecorder(extension.Extension):
         atomic.write_text(path, buf.getvalue())
 
     def __call__(self, trainer):
-        ada = getattr(self.loss_scaling, 'ada', None)
-        if ada is None:
-            return
-        alphas, betas = ada.loss_scales(), ada.layer_scales()
-        it = trainer.updater.iteration
+        rows = self.rows(trainer)
         path = os.path.join(trainer.out, self.filename)
         if not getattr(self, '_synced', False):
-            self._sync(path, it)
+            self._sync(path, trainer.updater.iteration)
             self._synced = True
+        if not rows:
+            return
         buf = io.StringIO()
-        w = csv.writer(buf)
-        for layer, alpha in alphas.items():
-            w.writerow((it, layer, repr(float(alpha)),
-                        repr(float(betas.get(layer, 1.0)))))
+        csv.writer(buf).writerows(rows)
         with open(path, 'a', newline='') as f:
             f.write(buf.getvalue())
+
+
+class LossScaleRecorder(CSVRecorder):
+    """Appends ``iteration, layer, alpha, beta`` rows to a CSV file for every
+    GEMM layer, at iteration 1 and every ``interval`` iterations (a
+    :class:`CSVRecorder`).
+
+    α is the scale of the layer's weight gradient (paper §3.1, the loss scale
+    the optimizer divides by), β its local scale (Algorithm 4).
+
+    Args:
+        loss_scaling (ada_loss.scaling.AdaptiveScaling): the method.
+        filename (str): file under the trainer's output folder.
+        interval (int): K.
+    """
+
+    header = ('iteration', 'layer', 'alpha', 'beta')
+
+    def __init__(self, loss_scaling, filename='loss_scales.csv',
+                 interval=100):
+        super(LossScaleRecorder, self).__init__(filename)
+        self.loss_scaling = loss_scaling
+        self.interval = interval
+
+    def trigger(self, trainer):
+        it = trainer.updater.iteration
+        return it == 1 or it % self.interval == 0
+
+    def _complete(self, row):
+        if not super(LossScaleRecorder, self)._complete(row):
+            return False
+        try:
+            float(row[2]), float(row[3])
+        except ValueError:
+            return False
+        return True
+
+    def rows(self, trainer):
+        ada = getattr(self.loss_scaling, 'ada', None)
+        if ada is None:
+            return []
+        alphas, betas = ada.loss_scales(), ada.layer_scales()
+        it = trainer.updater.iteration
+        return [(it, layer, repr(float(alpha)),
+                 repr(float(betas.get(layer, 1.0))))
+                for layer, alpha in alphas.items()]
 
 
 class LogCSV(extension.Extension):

@@ -216,3 +216,31 @@ def test_jobs_do_not_change_the_numbers(tiny, tmp_path):
         with open(os.path.join(out, 'kill', cell(mode), 'run.json')) as f:
             env = json.load(f)['environment']
         assert env['numpy'] == numpy.__version__ and env['blas']
+
+
+def test_probed_run_killed_and_resumed_writes_the_same_probe(tiny, tmp_path):
+    """``log.probe_every`` (in an emulated precision, where the probe
+    sees the GEMMs): the probe's rows (probe.csv) and the run's state after
+    two kills and resumes equal those of an uninterrupted run."""
+    config, _, _ = tiny
+    mode = MODES[-1]
+    args = ('--only', 'mode=' + mode, '--set', 'log.probe_every=3',
+            '--set', 'train.precision=fp8_e4m3')
+    whole = str(tmp_path / 'whole')
+    assert run(config, whole, *args).returncode == 0
+    out = str(tmp_path / 'killed')
+    for i, kill in enumerate(('train_batch:5', 'snapshot_write:1')):
+        proc = run(config, out, *args, *(['--resume'] if i else []),
+                   kill=kill)
+        assert killed(proc), (kill, proc.returncode, proc.stderr[-2000:])
+    assert run(config, out, *args, '--resume').returncode == 0
+
+    def probe(root):
+        with open(os.path.join(root, 'kill', cell(mode), 'probe.csv')) as f:
+            return list(csv.reader(f))
+    rows = probe(out)
+    assert rows == probe(whole)
+    # steps 1, 3, 6 of 8, every GEMM layer of the small CNN
+    assert sorted({int(r[1]) for r in rows[1:]}) == [1, 3, 6]
+    assert_same_run(os.path.join(out, 'kill', cell(mode)),
+                    os.path.join(whole, 'kill', cell(mode)))

@@ -417,7 +417,7 @@ class ClassificationStudy(Study):
         test_iter = TR.make_iterator(test, train_cfg.eval_batchsize,
                                      repeat=False, shuffle=False)
 
-        scaling = make_loss_scaling(cell.mode, precision)
+        scaling = TR.make_scaling(cell.mode, precision, c.log)
         updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm,
                                   os.path.join(folder, 'scaling.txt'),
                                   aps=policy is not None)

@@ -43,7 +43,7 @@ from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.runner import Study
 from ada_loss.experiment.studies.classification import (
     grid_modes, mode_slug, mode_sort_key)
-from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
+from ada_loss.scaling import parse_mode, resolve_precision
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt
 
@@ -217,7 +217,7 @@ class DetectionStudy(Study):
         test_iter = TR.make_iterator(test, train_cfg.eval_batchsize, 0,
                                      repeat=False, shuffle=False, seed=seed)
 
-        scaling = make_loss_scaling(cell.mode, dtype)
+        scaling = TR.make_scaling(cell.mode, dtype, log_cfg)
         updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm,
                                   os.path.join(folder, 'scaling.txt'))
         stop = StopAt(iterations=train_cfg.iterations)

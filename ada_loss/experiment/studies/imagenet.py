@@ -32,7 +32,7 @@ from ada_loss.experiment.runner import Study
 from ada_loss.experiment.studies.classification import (
     PLOTS, mode_sort_key, run_name)
 from ada_loss.models import build_model
-from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
+from ada_loss.scaling import parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt
@@ -184,7 +184,7 @@ class ImageNetStudy(Study):
                                      data_cfg.loaderjobs, repeat=False,
                                      shuffle=False, seed=seed)
 
-        scaling = make_loss_scaling(cell.mode, dtype)
+        scaling = TR.make_scaling(cell.mode, dtype, log_cfg)
         updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm)
         stop = StopAt(epochs=train_cfg.epochs,
                       iterations=train_cfg.max_iterations)
