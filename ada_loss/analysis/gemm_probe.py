@@ -280,6 +280,24 @@ def _short(v):
     return '{:.6g}'.format(v) if isinstance(v, float) else v
 
 
+def load_csv(path):
+    """The rows of a probe CSV (:data:`FIELDS`) as dicts of typed values
+    (NaN where a value is missing)."""
+    rows = []
+    with open(path, newline='') as f:
+        for r in csv.DictReader(f):
+            row = {}
+            for k, v in r.items():
+                if k in ('mode', 'layer', 'set_by'):
+                    row[k] = v
+                elif k in ('iteration', 'layer_id', 'skipped'):
+                    row[k] = int(v)
+                else:
+                    row[k] = float(v) if v not in ('', 'None') else math.nan
+            rows.append(row)
+    return rows
+
+
 def save_csv(records, path):
     def write(f):
         w = csv.DictWriter(f, FIELDS)

@@ -294,6 +294,39 @@ def precision_table(runs):
                  footer)
 
 
+def modes_table(runs):
+    """Every mode string its own row, where the precision table merges
+    the variants of a mode into one column: one row per (precision,
+    dataset, model, mode), final test accuracy (%) mean ± sample std over
+    seeds, with the mean number of skipped steps."""
+    runs = [r for r in runs if r.get('precision')]
+    groups = collections.defaultdict(list)
+    for r in runs:
+        groups[r['precision'], r['dataset'], r['model'], r['mode']].append(r)
+    rows = []
+    for key in sorted(groups, key=lambda k: (_precision_order(k[0]), k[1],
+                                             k[2], _mode_order(k[3]))):
+        s = CellStats(groups[key])
+        rows.append([key[0], DATASET_LABELS.get(key[1], key[1]), key[2],
+                     key[3], s.text(), s.n, s.diverged,
+                     '{:g}'.format(round(sum(
+                         r.get('skipped_steps') or 0 for r in s.runs)
+                         / float(len(s.runs)), 1))])
+    footer = ('{} runs; final test accuracy (%), mean ± sample std over '
+              'seeds; n = finished runs; skipped = mean overflowing steps '
+              'skipped per run.'.format(len(runs)))
+    return Table('Every mode: final test accuracy (%)',
+                 ['Precision', 'Dataset', 'Model', 'Mode', 'Accuracy', 'n',
+                  'diverged', 'skipped'], rows, [], footer)
+
+
+def _mode_order(mode):
+    name, _, options = mode.partition(':')
+    order = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive', 'amax')
+    scale = float(options) if name == 'fixed' else 0.0
+    return (order.index(name) if name in order else len(order), scale, mode)
+
+
 def write_table(table, folder, name, quiet=False):
     """Writes ``<name>.md`` and ``<name>.csv`` of a :class:`Table` to
     ``folder`` (atomically) and prints the Markdown unless ``quiet``."""
@@ -315,10 +348,17 @@ def build_table(results_dir, layout='table1'):
 
 def write_tables(results_dir, layout='table1', out_dir=None, quiet=False):
     """Builds the table, writes ``<layout>.md`` and ``<layout>.csv`` to
-    ``out_dir`` (default ``results_dir``) and prints the Markdown.
+    ``out_dir`` (default ``results_dir``) and prints the Markdown. The
+    precision layout also writes ``modes.md`` / ``modes.csv``
+    (:func:`modes_table`).
 
     Returns:
         Table: the table.
     """
-    return write_table(build_table(results_dir, layout),
-                       out_dir or results_dir, layout, quiet)
+    out_dir = out_dir or results_dir
+    table = write_table(build_table(results_dir, layout), out_dir, layout,
+                        quiet)
+    if layout == 'precision':
+        write_table(modes_table(R.find_runs(results_dir)), out_dir, 'modes',
+                    quiet=True)
+    return table

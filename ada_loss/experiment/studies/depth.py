@@ -23,7 +23,6 @@ Adaptive, Amax), ``table4.md`` (the fixed sweep per depth and precision),
 adaptive, FP8), ``fig4_records.csv`` and ``results.json``.
 """
 import collections
-import csv
 import dataclasses
 import json
 import math
@@ -40,7 +39,6 @@ from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.studies import classification
 from ada_loss.experiment.studies.classification import Cell
-from ada_loss.experiment.studies.fp8_diagnosis import run_probed
 from ada_loss.scaling import parse_mode
 
 matplotlib.use('Agg')
@@ -229,13 +227,14 @@ def table4(cfg, runs):
 
 
 # -- Fig. 4 ---------------------------------------------------------------
-def fig4(study, cfg, out, runs, force=False, log=print):
-    """Probed FP8 runs of ``study.fig4`` (none, best fixed, adaptive) and
-    the two figures. Returns the paths written (none when skipped)."""
+def fig4(study, cfg, out, runs, log=print):
+    """Probed runs of ``study.fig4`` (none, best fixed, adaptive) and the two
+    figures. The probed runs are runs of this study with ``log.probe_every``
+    (the one run path: resumable, skipped once finished) in
+    ``<out>/<table>/fig4/``. Returns the paths written (none when
+    skipped)."""
     f = cfg.study.fig4
-    c = C.replace(cfg, train=C.replace(cfg.train, precision=f.precision))
     folder = os.path.join(out, cfg.table)
-    csv_path = os.path.join(folder, 'fig4_records.csv')
     fixed = f.fixed
     if fixed == 'best':
         fixed = best_fixed(runs, f.precision, f.model)[0]
@@ -244,28 +243,28 @@ def fig4(study, cfg, out, runs, force=False, log=print):
                 'skipped'.format(f.model, f.precision))
             return []
     modes = ['none', fixed, 'adaptive']
-    info_path = os.path.join(folder, 'fig4_runs.json')
-    done = {}
-    if os.path.exists(info_path) and not force:
-        with open(info_path) as fh:
-            done = json.load(fh)
-    if done.get('modes') != modes or not os.path.exists(csv_path):
-        records, infos = [], {}
-        data = None
-        for mode in modes:
-            cell = Cell(f.model, cfg.grid.datasets[0], mode, f.seed)
-            if data is None:
-                data = list(study.preload(c, [cell]).values())[0]
-            recs, info = run_probed(c, cell, f.every, data)
-            records += recs
-            infos[mode] = info
-            log('[depth] fig4 {} {}: acc {} skipped {}'.format(
-                f.model, mode, info['final_test_accuracy'],
-                info['skipped_steps']))
-        gemm_probe.save_csv(records, csv_path)
-        done = {'modes': modes, 'runs': infos}
-        atomic.write_text(info_path, json.dumps(done, indent=2))
-    records = load_probe_csv(csv_path)
+    probed = C.replace(cfg, table=cfg.table + '/fig4', log=C.replace(
+        cfg.log, probe_every=f.every))
+    cells = [Cell(f.model, cfg.grid.datasets[0], mode, f.seed, f.precision)
+             for mode in modes]
+    cache = None
+    records, infos = [], {}
+    for cell in cells:
+        run_folder = study.folder(out, probed, cell)
+        info = R.read_run(run_folder)
+        if (info or {}).get('status') != R.FINISHED:
+            if cache is None:
+                cache = study.preload(probed, cells)
+            info = study.run(probed, cell, out, resume=True, cache=cache)
+        infos[cell.mode] = {k: info.get(k) for k in (
+            'status', 'final_test_accuracy', 'skipped_steps', 'iterations')}
+        log('[depth] fig4 {} {}: acc {} skipped {}'.format(
+            f.model, cell.mode, info.get('final_test_accuracy'),
+            info.get('skipped_steps')))
+        records += gemm_probe.load_csv(os.path.join(run_folder, 'probe.csv'))
+    gemm_probe.save_csv(records, os.path.join(folder, 'fig4_records.csv'))
+    atomic.write_text(os.path.join(folder, 'fig4_runs.json'), json.dumps(
+        {'modes': modes, 'runs': infos}, indent=2))
     title = '{} on {} ({}x{} px), {}'.format(
         f.model, cfg.grid.datasets[0], 28 // cfg.study.downsample,
         28 // cfg.study.downsample, f.precision)
@@ -275,22 +274,6 @@ def fig4(study, cfg, out, runs, force=False, log=print):
             plot_fig4b(records, modes, os.path.join(folder, 'fig4b.png'),
                        'Fig. 4b: underflow of the gradient entering each '
                        'GEMM, ' + title)]
-
-
-def load_probe_csv(path):
-    rows = []
-    with open(path, newline='') as f:
-        for r in csv.DictReader(f):
-            row = {}
-            for k, v in r.items():
-                if k in ('mode', 'layer', 'set_by'):
-                    row[k] = v
-                elif k in ('iteration', 'layer_id', 'skipped'):
-                    row[k] = int(v)
-                else:
-                    row[k] = float(v) if v not in ('', 'None') else math.nan
-            rows.append(row)
-    return rows
 
 
 def _plt():

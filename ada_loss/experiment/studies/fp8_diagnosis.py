@@ -1,104 +1,33 @@
 """Diagnosis of loss scaling in an emulated narrow format (not in the paper).
 
-Trains one cell of a precision-table config (the same model, data,
-optimizer, learning-rate schedule and seed as the harness's run) once per
-mode with a :class:`ada_loss.analysis.gemm_probe.ProbingLossScaling`, and
-writes per layer and step what limits the scaling (see
-:mod:`ada_loss.analysis.gemm_probe`): ``records.csv``, a per-(mode, layer)
-summary ``summary.csv``, ``diagnosis.png`` and ``summary.json`` (final
-test accuracy and skipped steps of each mode).
+A classification study (:mod:`~ada_loss.experiment.studies.classification`:
+the same cells, runs and run folders, on the one run path) whose runs probe
+every GEMM layer (``log.probe_every``; :mod:`ada_loss.analysis.gemm_probe`)
+and whose tables add, per (precision, model, dataset, seed), what limits the
+scaling in each mode: ``<out>/<table>/diagnosis/<precision>-<model>-
+<dataset>-s<seed>/`` with ``records.csv`` (the runs' ``probe.csv`` rows),
+``summary.csv`` (per mode and layer) and ``diagnosis.png``; besides the
+precision table and ``modes.md`` (every mode string its own row).
 """
+import collections
 import csv
-import json
 import math
 import os
-import random
 
-import chainer
 import numpy
 
 from ada_loss import atomic
 from ada_loss.analysis import gemm_probe
-from ada_loss.errors import NonFiniteGradientError
-from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
-from ada_loss.experiment import trainer as T
-from ada_loss.experiment.data import dataset_info, load_datasets
-from ada_loss.experiment.models import build
-from ada_loss.experiment.studies.classification import STUDY, Cell, Config
-from ada_loss.scaling import make_loss_scaling, parse_mode
-from ada_loss.training import Classifier
-from ada_loss.training import dtype_config
-from ada_loss.training.extensions import StepLearningRate
+from ada_loss.experiment import tables as T
+from ada_loss.experiment.studies.classification import (
+    ClassificationStudy, mode_sort_key)
 
 SUMMARY_FIELDS = ('mode', 'layer_id', 'layer', 'log2_alpha', 'log2_beta',
                   'uf_in', 'of_in', 'headroom_in_log2', 'uf_out', 'of_out',
                   'set_by_upper', 'set_by_lower', 'set_by_one',
                   'pred_over_peak_output', 'pred_over_peak_product',
                   'headroom_log2', 'k', 'uf_w', 'err_x', 'err_w')
-
-
-def _accuracy(model, test, batchsize):
-    """Test accuracy (%) as the harness's Evaluator computes it."""
-    it = T.make_iterator(test, batchsize, repeat=False, shuffle=False)
-    correct = total = 0
-    reporter = chainer.Reporter()
-    reporter.add_observer('main', model)
-    with chainer.using_config('train', False), chainer.no_backprop_mode():
-        for batch in it:
-            x, t = chainer.dataset.concat_examples(batch)
-            obs = {}
-            with reporter.scope(obs):
-                model(x, t)
-            correct += float(obs['main/accuracy'].array) * len(t)
-            total += len(t)
-    return 100.0 * correct / total
-
-
-def run_probed(cfg, cell, every=1, datasets=None):
-    """Trains ``cell`` as the harness would, probing every ``every`` steps.
-
-    Returns ``(records, info)``; info has ``final_test_accuracy``,
-    ``skipped_steps``, ``iterations`` and ``diverged``.
-    """
-    c = cfg.for_model(cell.model)
-    precision = STUDY.run_config(cfg, cell)['run']['precision']
-    train_cfg, mcfg = c.train, c.model
-    random.seed(cell.seed)
-    numpy.random.seed(cell.seed)
-    train, test = datasets or load_datasets(cell.dataset, c.data)
-    num_classes, in_channels = dataset_info(cell.dataset)
-    with dtype_config(precision):
-        model = Classifier(build(cell.model, num_classes,
-                                 mcfg.in_channels or in_channels,
-                                 mcfg.width, mcfg.shortcut), precision)
-    optimizer = T.build_optimizer(model, precision, train_cfg.lr,
-                                  train_cfg.momentum, train_cfg.weight_decay)
-    it = T.make_iterator(train, train_cfg.batchsize)
-    spec = parse_mode(cell.mode)
-    inner = make_loss_scaling(cell.mode, precision)
-    bound = (spec.options.get('bound', 'output') if spec.name == 'adaptive'
-             else None)
-    scaling = gemm_probe.ProbingLossScaling(
-        inner, cell.mode, every, spec.options.get('t_uf', 1e-3), bound)
-    updater = T.make_updater(it, optimizer, scaling, spec)
-    lr = StepLearningRate(train_cfg.lr, train_cfg.lr_steps,
-                          train_cfg.lr_decay)
-    info = {'mode': cell.mode, 'diverged': None}
-    while it.epoch_detail < train_cfg.epochs:
-        optimizer.lr = lr.value(updater.iteration, it.epoch_detail)
-        try:
-            with chainer.using_config('train', True):
-                updater.update()
-        except NonFiniteGradientError as e:
-            info['diverged'] = str(e)[:200]
-            break
-    info['iterations'] = updater.iteration
-    info['skipped_steps'] = updater.skipped_steps
-    info['final_test_accuracy'] = (
-        None if info['diverged'] else
-        _accuracy(model, test, train_cfg.eval_batchsize))
-    return scaling.records, info
 
 
 def _mean(values):
@@ -199,72 +128,63 @@ def plot(records, rows, path, title):
     return path
 
 
-def diagnose(config, modes, out, sets=(), model=None, dataset=None, seed=0,
-             every=1, precision=None):
-    """Runs every mode of ``modes`` on one cell of ``config`` and writes the
-    outputs (module docstring) to ``out``. Returns the summary dict."""
-    cfg = C.load(Config, config, list(sets))
-    g = cfg.grid
-    precision = precision or (g.precisions[0] if g.precisions
-                              else cfg.train.precision)
-    cfg = C.replace(cfg, train=C.replace(cfg.train, precision=precision))
-    model = model or g.models[0]
-    dataset = dataset or g.datasets[0]
-    os.makedirs(out, exist_ok=True)
-    records, infos, data = [], {}, None
-    for mode in modes:
-        cell = Cell(model, dataset, mode, seed)
-        if data is None:
-            data = load_datasets(dataset, cfg.for_model(cell.model).data)
-        recs, info = run_probed(cfg, cell, every, data)
-        records += recs
-        infos[mode] = info
-        print('[diagnosis] {:28s} acc {} skipped {} it {}'.format(
-            mode, info['final_test_accuracy'], info['skipped_steps'],
-            info['iterations']), flush=True)
-    gemm_probe.save_csv(records, os.path.join(out, 'records.csv'))
+def probed_runs(results_dir):
+    """{(precision, model, dataset, seed): [run.json dicts]} of the finished
+    runs below ``results_dir`` that have a ``probe.csv``, modes in the
+    paper's column order."""
+    groups = collections.defaultdict(list)
+    for info in R.find_runs(results_dir):
+        if info.get('status') == R.FINISHED and os.path.exists(
+                os.path.join(info['folder'], 'probe.csv')):
+            groups[info['precision'], info['model'], info['dataset'],
+                   info['seed']].append(info)
+    for runs in groups.values():
+        runs.sort(key=lambda r: mode_sort_key(r['mode']))
+    return groups
+
+
+def write_diagnosis(runs, folder, title):
+    """``records.csv``, ``summary.csv`` and ``diagnosis.png`` of the probed
+    ``runs`` (one cell, several modes) in ``folder``; returns the paths."""
+    records = []
+    for info in runs:
+        records += gemm_probe.load_csv(
+            os.path.join(info['folder'], 'probe.csv'))
+    os.makedirs(folder, exist_ok=True)
     rows = summarize(records)
-    write_summary_csv(rows, os.path.join(out, 'summary.csv'))
-    plot(records, rows, os.path.join(out, 'diagnosis.png'),
-         '{} on {}, {} (seed {})'.format(model, dataset,
-                                         precision, seed))
-    summary = {'config': config, 'sets': list(sets), 'model': model,
-               'dataset': dataset, 'precision': precision,
-               'seed': seed, 'runs': infos}
-    atomic.write_text(os.path.join(out, 'summary.json'),
-                      json.dumps(summary, indent=2))
-    return summary
+    return [gemm_probe.save_csv(records, os.path.join(folder, 'records.csv')),
+            write_summary_csv(rows, os.path.join(folder, 'summary.csv')),
+            plot(records, rows, os.path.join(folder, 'diagnosis.png'),
+                 title)]
 
 
-def mode_table(folder):
-    """Markdown table of every run.json under ``folder``, one row per
-    (precision, dataset, model, mode) — every mode string its own row, where
-    the precision table merges the options of a mode into one column:
-    final test accuracy mean ± sample std over seeds, n, mean skipped."""
-    groups = {}
-    for root, _, files in os.walk(folder):
-        if 'run.json' not in files:
-            continue
-        info = R.read_run(root)
-        if not info or info.get('status') not in (R.FINISHED, R.DIVERGED):
-            continue
-        key = (info.get('precision'), info['dataset'], info['model'],
-               info['mode'])
-        groups.setdefault(key, []).append(info)
-    lines = ['| Precision | Dataset | Model | Mode | Accuracy (%) | n | '
-             'diverged | skipped steps (mean) |', '|---|---|---|---|---|---|'
-             '---|---|']
-    for key in sorted(groups, key=lambda k: tuple(str(x) for x in k)):
-        rs = groups[key]
-        accs = [100 * r['final_test_accuracy'] for r in rs
-                if r.get('status') == R.FINISHED
-                and r.get('final_test_accuracy') is not None]
-        div = sum(r.get('status') == R.DIVERGED for r in rs)
-        acc = ('{:.2f} ± {:.2f}'.format(numpy.mean(accs),
-                                        numpy.std(accs, ddof=1))
-               if len(accs) > 1 else '{:.2f}'.format(accs[0]) if accs
-               else '—')
-        skipped = numpy.mean([r.get('skipped_steps') or 0 for r in rs])
-        lines.append('| {} | {} | {} | {} | {} | {} | {} | {:.1f} |'.format(
-            *key, acc, len(accs), div, skipped))
-    return '\n'.join(lines)
+class Fp8DiagnosisStudy(ClassificationStudy):
+    """The classification study with the diagnosis in its tables."""
+
+    def write_tables(self, cfg, out, quiet=False):
+        """The precision table and ``modes.md`` (printed: the precision
+        table merges the variants this study compares), then the diagnosis
+        of every probed cell."""
+        table = super(Fp8DiagnosisStudy, self).write_tables(cfg, out, True)
+        results = os.path.join(out, cfg.table)
+        if not quiet:
+            print(T.to_markdown(T.modes_table(R.find_runs(results))))
+        groups = probed_runs(results)
+        for (precision, model, dataset, seed), runs in sorted(
+                groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+            name = '{}-{}-{}-s{}'.format(precision, model, dataset, seed)
+            paths = write_diagnosis(
+                runs, os.path.join(results, 'diagnosis', name),
+                '{} on {}, {} (seed {})'.format(model, dataset, precision,
+                                                seed))
+            if not quiet:
+                print('[diagnosis] {}: {} modes -> {}'.format(
+                    name, len(runs), os.path.dirname(paths[0])))
+        if not groups and not quiet:
+            print('[diagnosis] no finished probed run (log.probe_every) in '
+                  '{}'.format(results))
+        return table
+
+
+#: the one instance the entry runs
+STUDY = Fp8DiagnosisStudy()
