@@ -32,9 +32,9 @@ class AdaLossScaled(object):
         init_scale (float or 'auto'): α_{N+1}, the scale of the loss
             gradient (§3.1). ``'auto'`` (*not in the paper*): start at 1,
             then set it from the loss gradient's own statistics by Eq. 1
-            (:func:`~ada_loss.loss_scale.gemm.loss_gradient_scale`) at every
-            β update, for the next backward (the delay of
-            ``update_interval``); CPU only for now.
+            (:func:`~ada_loss.loss_scale.gemm.loss_gradient_scale`), measured
+            on the pass before each β update so that the new α_{N+1} and the
+            new β's (which depend on it) start together; CPU only for now.
         t_uf (float): T_uf, the allowed underflow rate (§3.2.1).
         update_interval (int): recompute β every this many backward passes
             and reuse the last β in between (§4.3).
@@ -161,7 +161,9 @@ class AdaLossScaled(object):
         """
         self.iteration += 1
         entry = None
-        if self.auto_init and (self.iteration - 1) % self.update_interval == 0:
+        # measured on the pass before a β update (every pass when the
+        # interval is 1): cached β's were computed for the α they met
+        if self.auto_init and self.iteration % self.update_interval == 0:
             if not isinstance(loss.array, numpy.ndarray):
                 raise NotImplementedError(
                     "init_scale='auto' runs on the CPU only: its device path "

@@ -187,7 +187,7 @@ class GemmProbe(chainer.FunctionHook):
         # the shift that fits the weight gradient into the format (the
         # ⟨α, δ⟩ backward's weight-gradient fit at γ = 1; Chainer's backward
         # does not fit)
-        row['k'] = -math.log2(float(applied)) if fits else 0.0
+        row['k'] = 0.0 - math.log2(float(applied)) if fits else 0.0
         self.pending.append(row)
 
     def backward_postprocess(self, function, in_data, out_grad):
@@ -254,16 +254,25 @@ class ProbingLossScaling(ObservingLossScaling):
             row['skipped'] = 1
 
     def serialize(self, serializer):
-        # the pass count: a resumed run probes the same passes
+        # the pass count: a resumed run probes the same passes (absent from
+        # a snapshot written with the probe off: :class:`ProbeRecorder`
+        # then puts it right after the first resumed step)
         super(ProbingLossScaling, self).serialize(serializer)
-        self.iteration = int(serializer('probe_iteration', self.iteration))
+        try:
+            self.iteration = int(serializer('probe_iteration',
+                                            self.iteration))
+        except KeyError:
+            if isinstance(serializer, chainer.serializer.Serializer):
+                raise
 
 
 class ProbeRecorder(CSVRecorder):
     """Writes the rows of a :class:`ProbingLossScaling` to ``probe.csv``
     (columns :data:`FIELDS`) after every step, as a kill- and resume-safe
     :class:`~ada_loss.training.extensions.CSVRecorder`; the rows leave the
-    scaling's ``records`` as they are written."""
+    scaling's ``records`` as they are written. The rows of a call belong to
+    the step just done: they are labelled with the trainer's iteration, and
+    the scaling's pass count is kept equal to it."""
 
     header = FIELDS
 
@@ -273,6 +282,10 @@ class ProbeRecorder(CSVRecorder):
 
     def rows(self, trainer):
         records, self.scaling.records[:] = list(self.scaling.records), []
+        iteration = trainer.updater.iteration
+        self.scaling.iteration = iteration
+        for r in records:
+            r['iteration'] = iteration
         return [[_short(r.get(k)) for k in FIELDS] for r in records]
 
 

@@ -226,7 +226,7 @@ class Log:
     """The ``log`` section of every training study: how often a run logs,
     evaluates and writes its snapshot, and what it shows
     (:func:`extend_trainer`). A study with other units or intervals
-    declares its own defaults with :func:`log_section`."""
+    subclasses it with other defaults (:func:`log_setting`)."""
     log_interval: C.Interval = setting([1, 'epoch'], 'LogReport / log.csv '
                                        '/ PrintReport / PlotReport interval')
     eval_interval: C.Interval = setting([1, 'epoch'], 'evaluation interval '
@@ -248,19 +248,17 @@ class Log:
         'gemm_probe.py) into probe.csv; null: off', minimum=1)
 
 
-def log_section(name, **defaults):
-    """A :class:`Log` with other defaults (e.g. intervals in iterations):
-    the keys, their docs and constraints stay those of :class:`Log`."""
-    fields = {f.name: f for f in dataclasses.fields(Log)}
-    unknown = set(defaults) - set(fields)
-    if unknown:
-        raise TypeError('not Log settings: {}'.format(sorted(unknown)))
-    changed = []
-    for key, value in defaults.items():
-        meta = dict(fields[key].metadata)
-        changed.append((key, fields[key].type,
-                        setting(value, meta.pop('doc'), **meta)))
-    return dataclasses.make_dataclass(name, changed, bases=(Log,))
+def log_setting(key, default):
+    """The :class:`Log` setting ``key`` with another default (its doc and
+    constraints kept), for a subclass::
+
+        @dataclasses.dataclass
+        class SSDLog(Log):
+            log_interval: C.Interval = log_setting('log_interval',
+                                                   [100, 'iteration'])
+    """
+    meta = dict(Log.__dataclass_fields__[key].metadata)
+    return setting(default, meta.pop('doc'), **meta)
 
 
 class _Console(object):

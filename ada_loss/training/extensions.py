@@ -241,6 +241,16 @@ class PlotReport(chainer.training.extensions.PlotReport):
         if os.path.exists(tmp):
             os.replace(tmp, os.path.join(trainer.out, name))
 
+    def serialize(self, serializer):
+        # A snapshot written while this plot was off (a run resumed with
+        # log.plot turned on, or from before a study drew it) has no curve
+        # yet: the plot starts from the resumed iteration.
+        try:
+            super(PlotReport, self).serialize(serializer)
+        except KeyError:
+            if isinstance(serializer, chainer.serializer.Serializer):
+                raise
+
 
 class FP32MasterWeights(extension.Extension):
     """Saves and restores the FP32 master copy of every FP16 parameter.

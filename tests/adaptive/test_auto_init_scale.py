@@ -18,7 +18,7 @@ from ada_loss.adaptive import AdaLossScaled
 from ada_loss.formats import get_format
 from ada_loss.loss_scale.gemm import loss_gradient_scale
 from ada_loss.scaling import make_loss_scaling
-from ada_loss.training import apply_precision
+from ada_loss.training import all_grads_finite, apply_precision
 
 from ada_test_helpers import assert_params_bit_equal, is_pow2
 
@@ -154,8 +154,8 @@ def _mlp():
 
 
 def test_update_interval_and_resume():
-    """α_{N+1} is recomputed with the β's (every ``update_interval``
-    passes) and is saved and restored with them."""
+    """α_{N+1} is measured on the pass before each β update (passes 3, 6
+    of an interval of 3) and is saved and restored with the β's."""
     rng = np.random.RandomState(4)
     # the loss gradient shrinks by 2 per pass: α_{N+1} would grow if
     # recomputed
@@ -170,8 +170,8 @@ def test_update_interval_and_resume():
     for batch in batches[:4]:
         _mlp_step(ada, model, *batch)
         seen.append(ada.init_scale)
-    # recomputed at passes 1 and 4 only
-    assert 1 < seen[0] == seen[1] == seen[2] < seen[3]
+    # measured at pass 3 only (for the β update of pass 4)
+    assert seen[0] == seen[1] == 1.0 < seen[2] == seen[3]
 
     target = {}
     chainer.serializers.DictionarySerializer(target).save(ada)
@@ -186,6 +186,60 @@ def test_update_interval_and_resume():
         _mlp_step(restored, twin, *batch)
         assert restored.init_scale == ada.init_scale
         assert dict(restored.loss_scales()) == dict(ada.loss_scales())
+
+
+def test_fp8_update_interval_stays_finite():
+    """With cached β's (update interval 4) in FP8 E4M3 every gradient stays
+    finite: a new α_{N+1} starts only with the β's computed for it."""
+    np.random.seed(6)
+    model = chainer.Sequential(L.Linear(12, 32), F.relu, L.Linear(32, 32),
+                               F.relu, L.Linear(32, 10))
+    apply_precision(model, 'fp8_e4m3')
+    scaling = make_loss_scaling('adaptive:init_scale=auto,update_interval=4',
+                                'fp8_e4m3')
+    scaling.bind(model, verbose=False)
+    rng = np.random.RandomState(6)
+    x = rng.randn(64, 12).astype(np.float32)
+    t = rng.randint(0, 10, 64).astype(np.int32)
+    scales = []
+    for step in range(9):
+        model.cleargrads()
+        scaling.backward(F.softmax_cross_entropy(model(x), t))
+        assert all_grads_finite(model, E4M3), step
+        scales.append(scaling.scale)
+    assert scales[2] == 1.0 < scales[3] == scales[6]
+
+
+class SplitHeads(chainer.Chain):
+    """The trunk's output reaches the loss both directly and through the
+    head (a GEMM): its gradient is not the loss gradient; the head's output
+    is split (a node with two outputs) before the loss."""
+
+    def __init__(self):
+        super(SplitHeads, self).__init__()
+        with self.init_scope():
+            self.trunk = L.Linear(8, 6)
+            self.head = L.Linear(6, 4)
+
+    def forward(self, x):
+        h = self.trunk(x)
+        self.outputs = [self.head(F.relu(h)), h]
+        a, b = F.split_axis(self.outputs[0], 2, axis=1)
+        return F.sum(a * a) * 1e-9 + F.sum(b) * 1e-8 + F.sum(h) * 1e-7
+
+
+def test_a_gradient_that_passed_a_gemm_is_not_the_loss_gradient():
+    rng = np.random.RandomState(7)
+    np.random.seed(7)
+    plain = SplitHeads()
+    auto = copy.deepcopy(plain)
+    ada = AdaLossScaled(auto, init_scale='auto', verbose=False)
+    x = rng.randn(5, 8).astype(np.float32)
+    plain(x).backward(retain_grad=True)
+    head, trunk = (o.grad for o in plain.outputs)
+    ada.backward(auto(x))
+    assert ada.init_scale == eq1_reference([head], 1e-3, F16)
+    assert ada.init_scale != eq1_reference([head, trunk], 1e-3, F16)
 
 
 def test_options():

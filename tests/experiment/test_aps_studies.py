@@ -53,9 +53,11 @@ def test_tiny_runs(tmp_path, capsys):
         '--set', 'grid.formats=[float32,e4m3]', '--set', 'grid.aps=[true]',
         '--set', 'grid.seeds=[0]', '--set', 'sim.workers=4',
         '--set', 'model.width=4', '--set', 'train.batchsize=64',
-        '--set', 'train.epochs=0.2', '--set', 'data.digits_size=8']) == 0
+        '--set', 'train.epochs=0.2', '--set', 'data.digits_size=8',
+        '--set', 'log.progress=report']) == 0
     text = capsys.readouterr().out
     assert '| (4, 3): 8 bits | yes |' in text and '0/1 |' in text
+    assert 'shard_loss' in text and 'validation/main/accuracy' in text
     assert table9_main([
         '--config', cfg('aps_table9.yaml'), '--out', out,
         '--set', 'workers=8', '--set', 'group_sizes=[2,4]',

@@ -244,3 +244,23 @@ def test_probed_run_killed_and_resumed_writes_the_same_probe(tiny, tmp_path):
     assert sorted({int(r[1]) for r in rows[1:]}) == [1, 3, 6]
     assert_same_run(os.path.join(out, 'kill', cell(mode)),
                     os.path.join(whole, 'kill', cell(mode)))
+
+
+def test_resume_with_the_plots_and_the_probe_turned_on(tiny, tmp_path):
+    """A snapshot written with ``log.plot`` and ``log.probe_every`` off
+    resumes with them on: the plots start empty, the probe's rows carry the
+    trainer's iterations (the first resumed step, then its own schedule)."""
+    config, _, _ = tiny
+    mode = MODES[-1]
+    args = ('--only', 'mode=' + mode, '--set', 'train.precision=fp8_e4m3')
+    out = str(tmp_path)
+    proc = run(config, out, *args, kill='train_batch:5')   # resumes at 4
+    assert killed(proc), proc.stderr[-2000:]
+    proc = run(config, out, *args, '--resume', '--set', 'log.plot=true',
+               '--set', 'log.probe_every=2')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = os.path.join(out, 'kill', cell(mode))
+    with open(os.path.join(folder, 'probe.csv')) as f:
+        rows = list(csv.DictReader(f))
+    assert sorted({int(r['iteration']) for r in rows}) == [5, 6, 8]
+    assert os.path.exists(os.path.join(folder, 'loss.png'))

@@ -1,7 +1,7 @@
-"""MixedPrecisionUpdater's (and the worker simulator's) overflow check (ada_loss/training/updater.py):
-Inf/NaN, and in a gradient format that saturates a value at ± u_max; the step
-is skipped and dynamic scaling backs off as in IEEE formats. Dynamic-style
-state in snapshots."""
+"""MixedPrecisionUpdater's (and the worker simulator's) overflow check
+(ada_loss/training/updater.py): Inf/NaN, and in a gradient format that
+saturates a value at ± u_max; the step is skipped and dynamic scaling backs
+off as in IEEE formats. Dynamic-style state in snapshots."""
 import warnings
 
 import numpy as np

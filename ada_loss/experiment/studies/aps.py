@@ -181,9 +181,24 @@ class Table4Train:
     eval_batchsize: int = setting(512, 'evaluation batch', minimum=1)
 
 
-#: Table 4 runs many cells at once: quiet, no PNGs, one test at the end.
-Table4Log = TR.log_section('Table4Log', eval_interval=[1000000, 'epoch'],
-                           progress='none', plot=False)
+#: console columns and PlotReports of a Table 4 run (``log.progress``,
+#: ``log.plot``); ``shard_loss``: the mean loss of the workers' shards
+TABLE4_PRINT_KEYS = ['epoch', 'iteration', 'shard_loss',
+                     'validation/main/accuracy', 'lr', 'loss_scale',
+                     'skipped_steps', 'elapsed_time']
+TABLE4_PLOTS = [('Loss', ['shard_loss']),
+                ('Accuracy', ['validation/main/accuracy'])]
+
+
+@dataclasses.dataclass
+class Table4Log(TR.Log):
+    """Table 4 runs many cells at once: quiet, no PNGs, one test at the
+    end."""
+    eval_interval: C.Interval = TR.log_setting('eval_interval',
+                                               [1000000, 'epoch'])
+    progress: Literal['report', 'bar', 'both', 'none'] = TR.log_setting(
+        'progress', 'none')
+    plot: bool = TR.log_setting('plot', False)
 
 
 @dataclasses.dataclass
@@ -315,7 +330,8 @@ class Table4Study(Study):
                               train_cfg.lr_decay, train_cfg.warmup_epochs,
                               optimizer=optimizer),
             optimizer, scaling, resuming,
-            history=['validation/main/accuracy'])
+            history=['validation/main/accuracy'],
+            print_keys=TABLE4_PRINT_KEYS, plots=TABLE4_PLOTS)
         trainer.extend(StopWhenNonFinite())
 
         def finalize(info, error):

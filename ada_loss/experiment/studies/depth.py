@@ -231,8 +231,8 @@ def fig4(study, cfg, out, runs, log=print):
     """Probed runs of ``study.fig4`` (none, best fixed, adaptive) and the two
     figures. The probed runs are runs of this study with ``log.probe_every``
     (the one run path: resumable, skipped once finished) in
-    ``<out>/<table>/fig4/``. Returns the paths written (none when
-    skipped)."""
+    ``<out>/<table>/fig4/``; a diverged one is not run again (its records
+    end where it stopped). Returns the paths written (none when skipped)."""
     f = cfg.study.fig4
     folder = os.path.join(out, cfg.table)
     fixed = f.fixed
@@ -252,7 +252,7 @@ def fig4(study, cfg, out, runs, log=print):
     for cell in cells:
         run_folder = study.folder(out, probed, cell)
         info = R.read_run(run_folder)
-        if (info or {}).get('status') != R.FINISHED:
+        if (info or {}).get('status') not in (R.FINISHED, R.DIVERGED):
             if cache is None:
                 cache = study.preload(probed, cells)
             info = study.run(probed, cell, out, resume=True, cache=cache)

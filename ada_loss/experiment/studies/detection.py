@@ -98,9 +98,15 @@ class Train:
     eval_batchsize: int = setting(8, 'evaluation batch size', minimum=1)
 
 
-SSDLog = TR.log_section('SSDLog', log_interval=[100, 'iteration'],
-                        eval_interval=[10000, 'iteration'],
-                        snapshot_interval=[1000, 'iteration'])
+@dataclasses.dataclass
+class SSDLog(TR.Log):
+    """The log section with SSD's intervals (iterations)."""
+    log_interval: C.Interval = TR.log_setting('log_interval',
+                                              [100, 'iteration'])
+    eval_interval: C.Interval = TR.log_setting('eval_interval',
+                                               [10000, 'iteration'])
+    snapshot_interval: C.Interval = TR.log_setting('snapshot_interval',
+                                                   [1000, 'iteration'])
 
 
 @dataclasses.dataclass
