@@ -39,6 +39,7 @@ from chainer.training import extensions as E
 
 from ada_loss import atomic
 from ada_loss.analysis.gemm_probe import ProbeRecorder, ProbingLossScaling
+from ada_loss.analysis.recorder import RecordingLossScaling, RecordsWriter
 from ada_loss.communication.communicator import (
     APSDistributedUpdater, create_aps_multi_node_optimizer)
 from ada_loss.experiment import config as C
@@ -154,9 +155,13 @@ def make_scaling(mode, precision, log_cfg):
     """The loss scaling of ``mode`` in ``precision``
     (:func:`ada_loss.scaling.make_loss_scaling`), wrapped in a
     :class:`~ada_loss.analysis.gemm_probe.ProbingLossScaling` when
-    ``log.probe_every`` is set (:func:`extend_trainer` then writes
-    ``probe.csv``)."""
+    ``log.probe_every`` is set, or a
+    :class:`~ada_loss.analysis.recorder.RecordingLossScaling` when
+    ``log.record_every`` is (:func:`extend_trainer` then writes
+    ``probe.csv`` / ``records.csv``)."""
     scaling = make_loss_scaling(mode, precision)
+    if log_cfg.record_every is not None:
+        return RecordingLossScaling(scaling, every=log_cfg.record_every)
     if log_cfg.probe_every is None:
         return scaling
     spec = parse_mode(mode)
@@ -246,6 +251,16 @@ class Log:
         None, 'probe every GEMM layer at step 1 and every K steps '
         '(underflow, overflow, bounds, errors; ada_loss/analysis/'
         'gemm_probe.py) into probe.csv; null: off', minimum=1)
+    record_every: Optional[int] = setting(
+        None, "record every GEMM layer's activation-gradient statistics "
+        '(the paper\'s Fig. 1 and 4; ada_loss/analysis/recorder.py) at '
+        'step 1 and every K steps into records.csv; null: off', minimum=1)
+
+    def check(self):
+        if self.probe_every is not None and self.record_every is not None:
+            raise C.ConfigError('log.record_every', 'expected null while '
+                                'log.probe_every is set (one observer of '
+                                'the backward per run)')
 
 
 def log_setting(key, default):
@@ -289,7 +304,8 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
     """Registers the standard extensions of a run.
 
     On every rank: ``evaluator`` (name ``validation``, every
-    ``log.eval_interval``), ``lr_schedule``, ``observe_lr``,
+    ``log.eval_interval``) and ``lr_schedule`` (each unless None: the
+    figures' short runs have neither), ``observe_lr``,
     :class:`~ada_loss.training.extensions.FP32MasterWeights`,
     :class:`~ada_loss.training.random_states.RandomStates` and the snapshot
     ``snapshot_latest`` (:class:`~ada_loss.training.snapshot.Snapshot`;
@@ -299,13 +315,16 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
     LogReport and ``log.csv`` (every ``log.log_interval``), the console
     reporters of ``log.progress`` (PrintReport of ``print_keys``,
     ProgressBar), one PlotReport ``<name>.png`` per ``(name, keys)`` of
-    ``plots`` (if ``log.plot``) and, for layer-wise scaling,
-    ``loss_scales.csv``.
+    ``plots`` (if ``log.plot``), for layer-wise scaling ``loss_scales.csv``,
+    and ``probe.csv`` / ``records.csv`` (``log.probe_every`` /
+    ``log.record_every``, see :func:`make_scaling`).
     """
     every = interval_triggers(log_cfg, stop)
-    trainer.extend(evaluator, name='validation',
-                   trigger=every('eval_interval'))
-    trainer.extend(lr_schedule)
+    if evaluator is not None:
+        trainer.extend(evaluator, name='validation',
+                       trigger=every('eval_interval'))
+    if lr_schedule is not None:
+        trainer.extend(lr_schedule)
     trainer.extend(E.observe_lr(), trigger=(1, 'iteration'))
     trainer.extend(AE.FP32MasterWeights(optimizer))
     trainer.extend(RandomStates(), name='RandomStates')
@@ -335,6 +354,8 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
             scaling, interval=log_cfg.loss_scale_interval))
     if isinstance(scaling, ProbingLossScaling):
         trainer.extend(ProbeRecorder(scaling), trigger=(1, 'iteration'))
+    if isinstance(scaling, RecordingLossScaling):
+        trainer.extend(RecordsWriter(scaling), trigger=(1, 'iteration'))
 
 
 def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):

@@ -2,6 +2,7 @@
 ConfigError before anything runs) and the entry point end to end."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 from ada_loss.analysis.recorder import load_csv
 from ada_loss.experiment.studies.figures import load_config
 from ada_loss.experiment.config import ConfigError
+from ada_loss.training.faults import ENV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -81,3 +83,49 @@ def test_figures_entry_point_writes_pngs(tmp_path):
     rows = load_csv(str(out / 'adaptive' / 'records.csv'))
     assert sorted({r['iteration'] for r in rows}) == [1, 2]
     assert 'sigma_max fixed / adaptive' in proc.stdout
+
+
+def _figures(config, root, *args, kill=None):
+    env = dict(os.environ)
+    env.pop(ENV, None)
+    if kill:
+        env[ENV] = kill
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'experiments', 'figures.py'),
+         '--config', str(config), '--out', str(root)] + list(args),
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+
+
+def test_killed_figure_runs_resume_to_the_same_records(tmp_path):
+    """The recorded runs are Trainer runs: killed mid-run (and while
+    writing a snapshot) and resumed, their records.csv and the figures'
+    numbers equal an uninterrupted run's."""
+    config = tmp_path / 'figures.yaml'
+    config.write_text(
+        'profile: tiny\nprofiles:\n  tiny:\n    model: plain_cnn\n'
+        '    model_kwargs: {in_channels: 1, depth: 3, width: 4}\n'
+        '    image_size: 8\n    batch_size: 8\n    iterations: 7\n'
+        '    record_every: 2\n    snapshot_every: 2\n')
+    whole, cut = tmp_path / 'whole', tmp_path / 'cut'
+    assert _figures(config, whole).returncode == 0
+    only = ('--only', 'run=adaptive')
+    for i, kill in enumerate(('train_batch:6', 'snapshot_write:1')):
+        proc = _figures(config, cut, *only, *(['--resume'] if i else []),
+                        kill=kill)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert _figures(config, cut, '--resume').returncode == 0
+
+    def rows(root, run):
+        with open(root / 'figures' / 'tiny' / run / 'records.csv') as f:
+            return f.read()
+    for run in ('fig1', 'fixed', 'adaptive'):
+        assert rows(cut, run) == rows(whole, run), run
+    assert '\n7,' not in rows(whole, 'adaptive')     # records at 1, 2, 4, 6
+    info = json.loads((cut / 'figures' / 'tiny' / 'adaptive' / 'run.json')
+                      .read_text())
+    assert info['resumed'] and info['iterations_done'] == 7
+    summary = [json.loads((root / 'figures' / 'tiny' / 'summary.json')
+                          .read_text()) for root in (whole, cut)]
+    assert summary[0]['sigma_max'] == summary[1]['sigma_max']
+    assert summary[0]['runs']['adaptive']['losses'] == \
+        summary[1]['runs']['adaptive']['losses']

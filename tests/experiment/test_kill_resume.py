@@ -264,3 +264,27 @@ def test_resume_with_the_plots_and_the_probe_turned_on(tiny, tmp_path):
         rows = list(csv.DictReader(f))
     assert sorted({int(r['iteration']) for r in rows}) == [5, 6, 8]
     assert os.path.exists(os.path.join(folder, 'loss.png'))
+
+
+def test_recorded_run_is_the_reference_run_plus_records(tiny, tmp_path):
+    """``log.record_every``: the activation-gradient records (the figures'
+    statistics) of a Table 1 run, written as it goes; recording does not
+    change the run."""
+    config, ref, _ = tiny
+    out = str(tmp_path)
+    proc = run(config, out, '--only', 'mode=adaptive', '--set',
+               'log.record_every=3')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    folder = os.path.join(out, 'kill', cell('adaptive'))
+    with open(os.path.join(folder, 'records.csv')) as f:
+        rows = list(csv.DictReader(f))
+    assert sorted({int(r['iteration']) for r in rows}) == [1, 3, 6]
+    assert {r['layer'] for r in rows} >= {'predictor/fc'}
+    arrays, log, _, scales, results = run_state(folder)
+    ref_arrays, ref_log, _, ref_scales, ref_results = run_state(
+        os.path.join(ref, cell('adaptive')))
+    # the snapshot has the recorder's state besides the reference's
+    assert set(ref_arrays) < set(arrays)
+    for key in ref_arrays:
+        assert arrays[key].tobytes() == ref_arrays[key].tobytes(), key
+    assert (log, scales, results) == (ref_log, ref_scales, ref_results)

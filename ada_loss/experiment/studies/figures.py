@@ -10,9 +10,11 @@ the same seed, data order and initialization:
   adaptive loss scales (Fig. 4a), the FP16 underflow difference (Fig. 4b)
   and the σ_max ratio (§4.2).
 
-Every run is a plain loop of :class:`ada_loss.training.MixedPrecisionUpdater`
-steps with a :class:`~ada_loss.analysis.recorder.RecordingLossScaling`; it
-writes ``records.csv`` and ``run.json`` into ``<out>/<table>/<run>/``. The
+Every run is a run on Chainer's Trainer with ``log.record_every``
+(:func:`ada_loss.experiment.trainer.make_scaling`: a
+:class:`~ada_loss.analysis.recorder.RecordingLossScaling`), resumable from
+its snapshot; it writes ``records.csv`` (as it goes), ``run.json``, the log
+and the snapshot into ``<out>/<table>/<run>/``. The
 figures (``fig1.png``, ``fig4a.png``, ``fig4b.png``) and ``summary.json`` go
 to ``<out>/<table>/``. The tasks are classification (digits, or ImageNet with
 ResNet-18/50) and detection (VOC with SSD).
@@ -34,11 +36,11 @@ from typing import Dict, Literal, Optional
 
 import chainer
 import numpy
+from chainer import training
 
 from ada_loss import atomic
 from ada_loss.analysis import plots
-from ada_loss.analysis.recorder import (
-    GradientRecorder, RecordingLossScaling, load_csv)
+from ada_loss.analysis.recorder import load_csv
 from ada_loss.datasets import get_digits
 from ada_loss.datasets.imagenet import get_imagenet_datasets
 from ada_loss.datasets.voc import get_voc_detection_train, resolve_voc_root
@@ -50,13 +52,12 @@ from ada_loss.experiment import trainer as TR
 from ada_loss.experiment.config import setting
 from ada_loss.experiment.runner import Study
 from ada_loss.models import build_model
-from ada_loss.errors import NonFiniteGradientError
-from ada_loss.scaling import make_loss_scaling
-from ada_loss.scaling import resolve_precision
+from ada_loss.scaling import parse_mode, resolve_precision
 from ada_loss.training import Classifier
 from ada_loss.training import dtype_config
 from ada_loss.training import setup_optimizer
 from ada_loss.training.hooks import add_weight_decay
+from ada_loss.training.triggers import StopAt
 
 
 @dataclasses.dataclass
@@ -82,6 +83,9 @@ class Settings:
                               minimum=1)
     record_every: int = setting(5, 'statistics at iteration 1 and every '
                                 'K-th', minimum=1)
+    snapshot_every: int = setting(100, 'snapshot every K iterations (and '
+                                  'at the end): --resume continues there',
+                                  minimum=1)
     lr: float = setting(0.01, 'learning rate', positive=True)
     momentum: float = setting(0.9, 'MomentumSGD momentum', minimum=0.0)
     weight_decay: float = setting(1e-4, 'weight decay', minimum=0.0)
@@ -167,39 +171,16 @@ def _detection(cfg, mode, dtype):
     return train, chain, optimizer
 
 
-def run_recorded(cfg, mode):
-    """Trains ``cfg.iterations`` steps in ``mode`` while recording.
-
-    Returns:
-        (records, info): the recorder's rows and ``{'mode', 'dtype',
-        'iterations_done', 'diverged', 'losses'}``.
-    """
-    _seed(cfg.seed)
-    dtype = resolve_precision(mode)
-    build = _detection if cfg.task == 'detection' else _classification
-    train, chain, optimizer = build(cfg, mode, dtype)
-    iterator = chainer.iterators.SerialIterator(train, cfg.batch_size)
-    inner = make_loss_scaling(mode, dtype)
-    scaling = RecordingLossScaling(inner, GradientRecorder(),
-                                   cfg.record_every)
-    updater = TR.make_updater(iterator, optimizer, scaling, mode)
-    info = {'mode': mode, 'dtype': dtype, 'iterations_done': 0,
-            'diverged': False, 'losses': []}
-    reporter = chainer.Reporter()
-    reporter.add_observer('main', chain)
-    reporter.add_observers('main', chain.namedlinks(skipself=True))
-    for _ in range(cfg.iterations):
-        observation = {}
-        try:
-            with reporter.scope(observation):
-                updater.update()
-        except NonFiniteGradientError as e:
-            info['diverged'] = str(e)
-            break
-        info['iterations_done'] += 1
-        loss = observation.get('main/loss')
-        info['losses'].append(float(getattr(loss, 'array', loss)))
-    return scaling.recorder.records, info
+def log_of(cfg):
+    """The log section of a figures run: a log line per iteration (the
+    losses of ``summary.json``), a snapshot every ``snapshot_every``
+    iterations and at the end, the gradient records every
+    ``record_every``; nothing on the console, no PNGs but the figures."""
+    return TR.Log(log_interval=[1, 'iteration'],
+                  eval_interval=[cfg.iterations, 'iteration'],
+                  snapshot_interval=[cfg.snapshot_every, 'iteration'],
+                  progress='none', plot=False,
+                  record_every=cfg.record_every)
 
 
 FigureRun = collections.namedtuple('FigureRun', ('run', 'mode'))
@@ -222,19 +203,37 @@ class FiguresStudy(Study):
         return cell.run
 
     def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
+        """One recorded run on the Trainer (:func:`log_of`): resumable from
+        its snapshot, ``records.csv`` written as it goes."""
         folder = self.folder(out, cfg, cell)
-        info, _ = TR.open_run(folder, [
+        info, resuming = TR.open_run(folder, [
             ('name', cell.run), ('table', cfg.table), ('mode', cell.mode)],
-            '', C.dump(self.run_config(cfg, cell)))
-        records, result = run_recorded(cfg, cell.mode)
-        rec = GradientRecorder()
-        rec.records = records
-        rec.save_csv(os.path.join(folder, 'records.csv'))
-        info.update(result)
-        info.update(status=R.DIVERGED if result['diverged'] else R.FINISHED,
-                    iterations=result['iterations_done'], updated=TR.now())
-        R.write_run(folder, info)
-        return info
+            '', C.dump(self.run_config(cfg, cell)), resume)
+        _seed(cfg.seed)
+        dtype = resolve_precision(cell.mode)
+        build = _detection if cfg.task == 'detection' else _classification
+        train, chain, optimizer = build(cfg, cell.mode, dtype)
+        log_cfg = log_of(cfg)
+        scaling = TR.make_scaling(cell.mode, dtype, log_cfg)
+        updater = TR.make_updater(TR.make_iterator(train, cfg.batch_size),
+                                  optimizer, scaling, parse_mode(cell.mode))
+        stop = StopAt(iterations=cfg.iterations)
+        trainer = training.Trainer(updater, stop, out=folder)
+        TR.extend_trainer(trainer, stop, log_cfg, None, None, optimizer,
+                          scaling, resuming)
+
+        def finalize(info, error):
+            log = trainer.get_extension('LogReport').log
+            TR.summarize(info, trainer, updater, scaling, error,
+                         lambda diverged: [
+                             ('dtype', dtype),
+                             ('iterations_done', updater.iteration),
+                             ('diverged', error or False),
+                             ('losses', [float(e['main/loss']) for e in log
+                                         if 'main/loss' in e])],
+                         epoch=False)
+        return TR.run_trainer(trainer, updater, info, folder, finalize,
+                              log_cfg)
 
     def write_tables(self, cfg, out, quiet=False):
         return make_figures(cfg, os.path.join(out, cfg.table), quiet)
