@@ -50,11 +50,11 @@ import chainer
 import numpy
 
 from ada_loss import atomic
-from ada_loss.analysis.observing import ObservingLossScaling
+from ada_loss.analysis.observing import (
+    ObservationsWriter, ObservingLossScaling)
 from ada_loss.analysis.recorder import GradientRecorder
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.loss_scale import gemm as G
-from ada_loss.training.extensions import CSVRecorder
 
 #: Column order of the probe's CSV.
 FIELDS = ('mode', 'iteration', 'layer_id', 'layer', 'alpha', 'beta',
@@ -219,6 +219,8 @@ class ProbingLossScaling(ObservingLossScaling):
     An :class:`ada_loss.analysis.observing.ObservingLossScaling`.
     """
 
+    count_key = 'probe_iteration'
+
     def __init__(self, inner, mode, every=1, t_uf=1e-3, bound=None):
         super(ProbingLossScaling, self).__init__(inner, every)
         self.mode = mode
@@ -253,44 +255,24 @@ class ProbingLossScaling(ObservingLossScaling):
         for row in self._last:
             row['skipped'] = 1
 
-    def serialize(self, serializer):
-        # the pass count: a resumed run probes the same passes (absent from
-        # a snapshot written with the probe off: :class:`ProbeRecorder`
-        # then puts it right after the first resumed step)
-        super(ProbingLossScaling, self).serialize(serializer)
-        try:
-            self.iteration = int(serializer('probe_iteration',
-                                            self.iteration))
-        except KeyError:
-            if isinstance(serializer, chainer.serializer.Serializer):
-                raise
-
-
-class ProbeRecorder(CSVRecorder):
-    """Writes the rows of a :class:`ProbingLossScaling` to ``probe.csv``
-    (columns :data:`FIELDS`) after every step, as a kill- and resume-safe
-    :class:`~ada_loss.training.extensions.CSVRecorder`; the rows leave the
-    scaling's ``records`` as they are written. The rows of a call belong to
-    the step just done: they are labelled with the trainer's iteration, and
-    the scaling's pass count is kept equal to it."""
-
-    header = FIELDS
-
-    def __init__(self, scaling, filename='probe.csv'):
-        super(ProbeRecorder, self).__init__(filename)
-        self.scaling = scaling
-
-    def rows(self, trainer):
-        records, self.scaling.records[:] = list(self.scaling.records), []
-        iteration = trainer.updater.iteration
-        self.scaling.iteration = iteration
-        for r in records:
-            r['iteration'] = iteration
-        return [[_short(r.get(k)) for k in FIELDS] for r in records]
-
-
 def _short(v):
     return '{:.6g}'.format(v) if isinstance(v, float) else v
+
+
+class ProbeRecorder(ObservationsWriter):
+    """Writes the rows of a :class:`ProbingLossScaling` to ``probe.csv``
+    (columns :data:`FIELDS`) after every step (an
+    :class:`~ada_loss.analysis.observing.ObservationsWriter`)."""
+
+    header = FIELDS
+    format = staticmethod(_short)
+
+    def __init__(self, scaling, filename='probe.csv'):
+        super(ProbeRecorder, self).__init__(scaling, filename)
+
+    def take(self):
+        records, self.scaling.records[:] = list(self.scaling.records), []
+        return records
 
 
 def load_csv(path):

@@ -9,7 +9,14 @@ observing costs nothing there. A subclass says only what it does on an
 observed pass (:meth:`~ObservingLossScaling._observe`) and when the update of
 an observed step is skipped for non-finite gradients
 (:meth:`~ObservingLossScaling._mark_skipped`).
+
+On Chainer's Trainer an :class:`ObservationsWriter` (a kill- and
+resume-safe :class:`~ada_loss.training.extensions.CSVRecorder`) writes the
+observations to a CSV file after every step.
 """
+import chainer
+
+from ada_loss.training.extensions import CSVRecorder
 
 
 class ObservingLossScaling(object):
@@ -22,6 +29,9 @@ class ObservingLossScaling(object):
         inner: any :class:`ada_loss.scaling.LossScaling`.
         every (int): observe iteration 1 and every ``every``-th one.
     """
+
+    #: the snapshot key of the pass count (a subclass names its own)
+    count_key = 'observed_iteration'
 
     def __init__(self, inner, every):
         if int(every) != every or every < 1:
@@ -85,4 +95,41 @@ class ObservingLossScaling(object):
             self.inner, 'loss_scales') else {}
 
     def serialize(self, serializer):
+        # the inner method's state, and the pass count: a resumed run
+        # observes the same passes (absent from a snapshot written without
+        # this observer: the ObservationsWriter sets it after the first
+        # resumed step)
         self.inner.serialize(serializer)
+        try:
+            self.iteration = int(serializer(self.count_key, self.iteration))
+        except KeyError:
+            if isinstance(serializer, chainer.serializer.Serializer):
+                raise
+
+
+class ObservationsWriter(CSVRecorder):
+    """Appends the observations of an :class:`ObservingLossScaling` to a
+    CSV file after every step (a kill- and resume-safe
+    :class:`~ada_loss.training.extensions.CSVRecorder`). The rows of a call
+    belong to the step just done: they carry the trainer's iteration, and the
+    scaling's pass count is kept equal to it. A subclass gives ``header``
+    and :meth:`take`."""
+
+    def __init__(self, scaling, filename):
+        super(ObservationsWriter, self).__init__(filename)
+        self.scaling = scaling
+
+    def take(self):
+        """The observations made since the last call (dicts), removed
+        from the scaling."""
+        raise NotImplementedError
+
+    @staticmethod
+    def format(value):
+        return value
+
+    def rows(self, trainer):
+        iteration = trainer.updater.iteration
+        self.scaling.iteration = iteration
+        return [[iteration if k == 'iteration' else self.format(r.get(k))
+                 for k in self.header] for r in self.take()]

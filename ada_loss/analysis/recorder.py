@@ -34,10 +34,10 @@ import numpy
 
 from ada_loss import atomic
 from ada_loss.analysis import grad_stats
-from ada_loss.analysis.observing import ObservingLossScaling
+from ada_loss.analysis.observing import (
+    ObservationsWriter, ObservingLossScaling)
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.links import GEMM_LINK_TYPES
-from ada_loss.training.extensions import CSVRecorder
 
 #: Column order of the CSV records.
 FIELDS = ('iteration', 'layer_id', 'layer', 'dtype', 'size', 'nonzero',
@@ -214,6 +214,8 @@ class RecordingLossScaling(ObservingLossScaling):
     ``every``-th one (counted by backward passes, 1-based).
     """
 
+    count_key = 'recorder_iteration'
+
     def __init__(self, inner, recorder=None, every=100):
         super(RecordingLossScaling, self).__init__(inner, every)
         self.recorder = recorder or GradientRecorder()
@@ -234,36 +236,18 @@ class RecordingLossScaling(ObservingLossScaling):
     def _mark_skipped(self):
         self.recorder.mark_skipped(self.iteration)
 
-    def serialize(self, serializer):
-        # the pass count (absent from a snapshot written with recording off:
-        # :class:`RecordsWriter` then puts it right after the first step)
-        super(RecordingLossScaling, self).serialize(serializer)
-        try:
-            self.iteration = int(serializer('recorder_iteration',
-                                            self.iteration))
-        except KeyError:
-            if isinstance(serializer, chainer.serializer.Serializer):
-                raise
 
-
-class RecordsWriter(CSVRecorder):
+class RecordsWriter(ObservationsWriter):
     """Writes the records of a :class:`RecordingLossScaling` to
-    ``records.csv`` (columns :data:`FIELDS`) after every step, as a kill- and
-    resume-safe :class:`~ada_loss.training.extensions.CSVRecorder`; the rows
-    leave the recorder as they are written. The rows of a call belong to the
-    step just done: they carry the trainer's iteration, and the scaling's
-    pass count is kept equal to it."""
+    ``records.csv`` (columns :data:`FIELDS`) after every step (an
+    :class:`~ada_loss.analysis.observing.ObservationsWriter`)."""
 
     header = FIELDS
 
     def __init__(self, scaling, filename='records.csv'):
-        super(RecordsWriter, self).__init__(filename)
-        self.scaling = scaling
+        super(RecordsWriter, self).__init__(scaling, filename)
 
-    def rows(self, trainer):
+    def take(self):
         recorder = self.scaling.recorder
         records, recorder.records = recorder.records, []
-        iteration = trainer.updater.iteration
-        self.scaling.iteration = iteration
-        return [[iteration if k == 'iteration' else r.get(k)
-                 for k in FIELDS] for r in records]
+        return records

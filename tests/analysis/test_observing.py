@@ -76,13 +76,14 @@ def test_observes_iteration_1_and_every_nth(layerwise):
     assert s.loss_scales() == (inner.loss_scales() if layerwise else {})
 
 
-def test_serialize_delegates_and_the_recorder_keeps_its_iteration():
-    ser = _Serializer()
-    _Observing(_Inner(), every=1).serialize(ser)
-    assert ser.keys == ['inner']
-    ser = _Serializer()
-    RecordingLossScaling(_Inner(), every=1).serialize(ser)
-    assert ser.keys == ['inner', 'recorder_iteration']
+def test_serialize_delegates_and_keeps_the_pass_count():
+    for cls, key in ((_Observing, 'observed_iteration'),
+                     (RecordingLossScaling, 'recorder_iteration'),
+                     (lambda inner, every: ProbingLossScaling(
+                         inner, 'fixed', every), 'probe_iteration')):
+        ser = _Serializer()
+        cls(_Inner(), every=1).serialize(ser)
+        assert ser.keys == ['inner', key]
 
 
 @pytest.mark.parametrize('every', [0, -1, 1.5])
