@@ -225,10 +225,11 @@ class Table4Config:
                     self.train.batchsize, self.sim.workers))
         _policy_error('train.mode', lambda: make_loss_scaling(
             self.train.mode, self.precision()))
-        if self.log.probe_every is not None:
-            raise C.ConfigError(
-                'log.probe_every', 'not available with simulated workers '
-                '(a step runs one backward pass per worker); expected null')
+        for key in ('probe_every', 'record_every'):
+            if getattr(self.log, key) is not None:
+                raise C.ConfigError(
+                    'log.' + key, 'not available with simulated workers (a '
+                    'step runs one backward pass per worker); expected null')
 
     def precision(self):
         return resolve_precision(self.train.mode, self.train.precision)
