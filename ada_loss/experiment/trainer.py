@@ -151,15 +151,18 @@ def open_run(folder, fields, description, config_text, resume=False,
     return info, resuming
 
 
-def make_scaling(mode, precision, log_cfg):
+def make_scaling(mode, precision, log_cfg, comm=None):
     """The loss scaling of ``mode`` in ``precision``
     (:func:`ada_loss.scaling.make_loss_scaling`), wrapped in a
     :class:`~ada_loss.analysis.gemm_probe.ProbingLossScaling` when
     ``log.probe_every`` is set, or a
     :class:`~ada_loss.analysis.recorder.RecordingLossScaling` when
     ``log.record_every`` is (:func:`extend_trainer` then writes
-    ``probe.csv`` / ``records.csv``)."""
+    ``probe.csv`` / ``records.csv``). With ChainerMN on rank 0 only (the
+    writer), which observes its own shard."""
     scaling = make_loss_scaling(mode, precision)
+    if not is_writer(comm):
+        return scaling
     if log_cfg.record_every is not None:
         return RecordingLossScaling(scaling, every=log_cfg.record_every)
     if log_cfg.probe_every is None:

@@ -92,7 +92,8 @@ def test_table_runner_under_mpiexec(tiny_config, out_dir):
     path = tiny_config(grid={'modes': ['fixed:128', 'adaptive']},
                        train={'max_iterations': 3})
     out = mpirun([os.path.join(ROOT, 'experiments', 'table1.py'),
-                  '--config', path, '--out', out_dir, '--mpi'])
+                  '--config', path, '--out', out_dir, '--mpi',
+                  '--set', 'log.record_every=2'])
     assert out.count('**Table 1') == 1          # printed by rank 0 only
     for slug in ('fixed_128', 'adaptive'):
         folder = os.path.join(out_dir, 'tiny',
@@ -101,6 +102,10 @@ def test_table_runner_under_mpiexec(tiny_config, out_dir):
         assert info['status'] == 'finished' and info['world_size'] == 2
         assert info['iterations'] == 3
         assert os.path.exists(os.path.join(folder, R.SNAPSHOT))
+        # rank 0 records its shard's gradient statistics
+        with open(os.path.join(folder, 'records.csv')) as f:
+            iterations = {row.split(',')[0] for row in f.readlines()[1:]}
+        assert iterations == {'1', '2'}
 
 
 def test_low_precision_communication_on_the_wire(tiny_config, out_dir):

@@ -417,7 +417,7 @@ class ClassificationStudy(Study):
         test_iter = TR.make_iterator(test, train_cfg.eval_batchsize,
                                      repeat=False, shuffle=False)
 
-        scaling = TR.make_scaling(cell.mode, precision, c.log)
+        scaling = TR.make_scaling(cell.mode, precision, c.log, comm)
         updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm,
                                   os.path.join(folder, 'scaling.txt'),
                                   aps=policy is not None)

@@ -223,7 +223,7 @@ class DetectionStudy(Study):
         test_iter = TR.make_iterator(test, train_cfg.eval_batchsize, 0,
                                      repeat=False, shuffle=False, seed=seed)
 
-        scaling = TR.make_scaling(cell.mode, dtype, log_cfg)
+        scaling = TR.make_scaling(cell.mode, dtype, log_cfg, comm)
         updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm,
                                   os.path.join(folder, 'scaling.txt'))
         stop = StopAt(iterations=train_cfg.iterations)

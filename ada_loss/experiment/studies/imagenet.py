@@ -184,7 +184,7 @@ class ImageNetStudy(Study):
                                      data_cfg.loaderjobs, repeat=False,
                                      shuffle=False, seed=seed)
 
-        scaling = TR.make_scaling(cell.mode, dtype, log_cfg)
+        scaling = TR.make_scaling(cell.mode, dtype, log_cfg, comm)
         updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm)
         stop = StopAt(epochs=train_cfg.epochs,
                       iterations=train_cfg.max_iterations)
