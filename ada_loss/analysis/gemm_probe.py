@@ -187,6 +187,7 @@ class GemmProbe(chainer.FunctionHook):
         # the shift that fits the weight gradient into the format (the
         # ⟨α, δ⟩ backward's weight-gradient fit at γ = 1; Chainer's backward
         # does not fit)
+        # (0.0 - x, not -x: a shift of 0 is written 0, not -0)
         row['k'] = 0.0 - math.log2(float(applied)) if fits else 0.0
         self.pending.append(row)
 
@@ -255,6 +256,10 @@ class ProbingLossScaling(ObservingLossScaling):
         for row in self._last:
             row['skipped'] = 1
 
+    def writer(self):
+        return ProbeRecorder(self)
+
+
 def _short(v):
     return '{:.6g}'.format(v) if isinstance(v, float) else v
 
@@ -265,13 +270,11 @@ class ProbeRecorder(ObservationsWriter):
     :class:`~ada_loss.analysis.observing.ObservationsWriter`)."""
 
     header = FIELDS
+    filename = 'probe.csv'
     format = staticmethod(_short)
 
-    def __init__(self, scaling, filename='probe.csv'):
-        super(ProbeRecorder, self).__init__(scaling, filename)
-
     def take(self):
-        records, self.scaling.records[:] = list(self.scaling.records), []
+        records, self.scaling.records = self.scaling.records, []
         return records
 
 

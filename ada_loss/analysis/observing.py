@@ -85,6 +85,12 @@ class ObservingLossScaling(object):
     def _mark_skipped(self):
         """Called when the update of an observed iteration is skipped."""
 
+    def writer(self):
+        """The :class:`ObservationsWriter` of this observer (registered
+        on the Trainer by :func:`ada_loss.experiment.trainer.
+        extend_trainer`)."""
+        raise NotImplementedError
+
     def update(self, found_nonfinite):
         if self._observed and found_nonfinite:
             self._mark_skipped()
@@ -112,11 +118,13 @@ class ObservationsWriter(CSVRecorder):
     CSV file after every step (a kill- and resume-safe
     :class:`~ada_loss.training.extensions.CSVRecorder`). The rows of a call
     belong to the step just done: they carry the trainer's iteration, and the
-    scaling's pass count is kept equal to it. A subclass gives ``header``
-    and :meth:`take`."""
+    scaling's pass count is kept equal to it. A subclass gives ``header``,
+    ``filename`` and :meth:`take`."""
 
-    def __init__(self, scaling, filename):
-        super(ObservationsWriter, self).__init__(filename)
+    filename = None
+
+    def __init__(self, scaling, filename=None):
+        super(ObservationsWriter, self).__init__(filename or self.filename)
         self.scaling = scaling
 
     def take(self):

@@ -236,6 +236,9 @@ class RecordingLossScaling(ObservingLossScaling):
     def _mark_skipped(self):
         self.recorder.mark_skipped(self.iteration)
 
+    def writer(self):
+        return RecordsWriter(self)
+
 
 class RecordsWriter(ObservationsWriter):
     """Writes the records of a :class:`RecordingLossScaling` to
@@ -243,9 +246,7 @@ class RecordsWriter(ObservationsWriter):
     :class:`~ada_loss.analysis.observing.ObservationsWriter`)."""
 
     header = FIELDS
-
-    def __init__(self, scaling, filename='records.csv'):
-        super(RecordsWriter, self).__init__(scaling, filename)
+    filename = 'records.csv'
 
     def take(self):
         recorder = self.scaling.recorder

@@ -38,8 +38,9 @@ import threadpoolctl
 from chainer.training import extensions as E
 
 from ada_loss import atomic
-from ada_loss.analysis.gemm_probe import ProbeRecorder, ProbingLossScaling
-from ada_loss.analysis.recorder import RecordingLossScaling, RecordsWriter
+from ada_loss.analysis.gemm_probe import ProbingLossScaling
+from ada_loss.analysis.observing import ObservingLossScaling
+from ada_loss.analysis.recorder import RecordingLossScaling
 from ada_loss.communication.communicator import (
     APSDistributedUpdater, create_aps_multi_node_optimizer)
 from ada_loss.experiment import config as C
@@ -355,10 +356,8 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
     if getattr(scaling, 'ada', None) is not None:
         trainer.extend(AE.LossScaleRecorder(
             scaling, interval=log_cfg.loss_scale_interval))
-    if isinstance(scaling, ProbingLossScaling):
-        trainer.extend(ProbeRecorder(scaling), trigger=(1, 'iteration'))
-    if isinstance(scaling, RecordingLossScaling):
-        trainer.extend(RecordsWriter(scaling), trigger=(1, 'iteration'))
+    if isinstance(scaling, ObservingLossScaling):
+        trainer.extend(scaling.writer(), trigger=(1, 'iteration'))
 
 
 def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
