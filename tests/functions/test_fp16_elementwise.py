@@ -468,6 +468,21 @@ def test_batch_normalization_function_and_edge_values():
         assert_same(fast[k], ref[k])
 
 
+def test_batch_normalization_arguments_and_errors_are_chainers():
+    """Keyword-only settings, as Chainer's: a positional eps, ``train=`` and
+    an unknown keyword raise what Chainer raises."""
+    x, _ = _bn_inputs((4, 3, 2, 2), 'nchw')
+    g, b = numpy.ones(3, F32), numpy.zeros(3, F32)
+    for f in (AF.batch_normalization, F.batch_normalization):
+        assert f(x, g, b, eps=1e-3, decay=0.5).shape == x.shape
+        with pytest.raises(TypeError):
+            f(x, g, b, 1e-3)
+        with pytest.raises(ValueError, match='train argument'):
+            f(x, g, b, train=True)
+        with pytest.raises(TypeError, match='unexpected'):
+            f(x, g, b, epsilon=1e-3)
+
+
 def test_batch_normalization_link_conversion_and_eval():
     with chainer.using_config('dtype', chainer.mixed16):
         chain = chainer.Sequential(L.BatchNormalization(4))
