@@ -56,14 +56,6 @@ def _has_nan(a):
         numpy.bitwise_and(a.view(_U16), _U16(0x7FFF)).max()) > 0x7C00
 
 
-def _elementwise_operand(a):
-    """True if NumPy's float32 addition of ``widen(a)`` to an array of the
-    same shape runs the loops whose NaN + NaN is the first operand's NaN:
-    ``a`` has at least one axis and no repeated (0-stride) elements."""
-    return a.ndim > 0 and all(s != 0 or n == 1
-                              for n, s in zip(a.shape, a.strides))
-
-
 def _sum(a, b):
     """NumPy's ``a + b`` of two float16 NumPy arrays (broadcast), bit for
     bit, as a float16 array (never a NumPy scalar), laid out as NumPy lays
@@ -73,15 +65,15 @@ def _sum(a, b):
     commutes), and for NaN + NaN NumPy's float16 loop, whose compiled
     scalar addition returns its second operand's payload, gives what the
     float32 loops of two arrays of one shape give for b + a (the first
-    operand's). Where an operand is broadcast (or 0-dim) NumPy runs other
-    float32 loops, some of which return the other payload: there, if both
-    operands hold a NaN, the elements where both are NaN are set to b's NaN,
-    quieted, which is what the float16 loop stores.
+    operand's; ``widen`` copies a broadcast view of one shape into an array
+    of its own). Where the shapes differ (or are 0-dim) NumPy broadcasts
+    with other float32 loops, some of which return the other payload:
+    there, if both operands hold a NaN, the elements where both are NaN are
+    set to b's NaN, quieted, which is what the float16 loop stores.
     """
     with numpy.errstate(invalid='ignore', over='ignore'):
         s = narrow(widen(b) + widen(a))
-    if (a.shape == b.shape and _elementwise_operand(a)
-            and _elementwise_operand(b)):
+    if a.shape == b.shape and a.ndim > 0:
         return s
     if _has_nan(a) and _has_nan(b):
         quiet_b = numpy.bitwise_or(b.view(_U16), _U16(0x0200))

@@ -249,6 +249,19 @@ def test_add_broadcast_two_addends_bits(spec):
         assert type(out.array) is numpy.ndarray
 
 
+def test_add_broadcast_views_of_one_shape():
+    """Addends of one shape, one of them a broadcast view (0 strides), NaN +
+    NaN included: Chainer's bits (widen copies the view, so NumPy's loops
+    for arrays of one shape run)."""
+    rs = numpy.random.RandomState(2)
+    for shape, row in (((64, 64), (1, 64)), ((64, 64), (64, 1)),
+                       ((8, 4096), (1, 4096)), ((8, 4096), (8, 1))):
+        a = random_halves(rs, shape)
+        b = numpy.broadcast_to(random_halves(rs, row), shape)
+        for x, y in ((a, b), (b, a)):
+            assert_same(AF.add(x, y), chainer_sum(x, y))
+
+
 def test_add_broadcast_nan_rule_is_needed():
     """Where an operand is broadcast NumPy's float32 loops do not all give
     NaN + NaN the float16 loop's NaN (the second operand's): without Add's
