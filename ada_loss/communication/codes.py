@@ -34,6 +34,8 @@ exponent is only ±Inf — send a NaN as a number (+0, or ±Inf for
 Only values of the format may be encoded (``quantize``'s outputs): any
 other float32 is mapped to an unspecified code.
 """
+import sys
+
 import numpy
 
 from ada_loss.communication.cost import format_bits  # NOQA (re-exported)
@@ -42,6 +44,19 @@ from ada_loss.formats import get_format
 _F32 = numpy.float32
 _U32 = numpy.uint32
 _QNAN = 0x7FC00000
+_LITTLE = sys.byteorder == 'little'
+#: values per step of the blocked loops (their work arrays stay in cache;
+#: the tests set it small to cross many block boundaries)
+BLOCK = 1 << 15
+_SCRATCH = []
+
+
+def _scratch():
+    """The process's ``intp`` work array of :data:`BLOCK` entries (the
+    table indices of one block)."""
+    if not _SCRATCH or _SCRATCH[0].size != BLOCK:
+        _SCRATCH[:] = [numpy.empty(BLOCK, numpy.intp)]
+    return _SCRATCH[0]
 KINDS = ('nibble', 'byte', 'half', 'float32')
 
 
@@ -97,6 +112,7 @@ class WireCodec(object):
     def __init__(self, fmt):
         self.format = get_format(fmt)
         self.bits = format_bits(self.format)
+        self._fast = None
         if self.format.is_float32 or self.bits > 16:
             self.kind = 'float32'
             self.has_nan = True
@@ -131,6 +147,96 @@ class WireCodec(object):
             byte = numpy.arange(256)
             pairs = numpy.stack([table16[byte & 15], table16[byte >> 4]], 1)
             self.pair_table = pairs.view(numpy.uint64).ravel()
+
+    # -- the fast path of the ring: codes in, codes out -------------------
+    @property
+    def fast(self):
+        """Whether :meth:`round_encode` and the code tables exist: formats
+        of at most 8 bits (one code per byte, or two per byte)."""
+        return self.kind in ('nibble', 'byte')
+
+    def _tables(self):
+        if self._fast is None:
+            self._fast = _FastTables(self)
+        return self._fast
+
+    def round_encode(self, y, out=None):
+        """float32 values (any, 1-D) → the codes of ``quantize(y)``, one per
+        byte (``uint8``, unpacked: 0..15 for a nibble format), into ``out``
+        when given: bit for bit ``encode(quantize(y))`` (module docstring,
+        *Rounding by table*), in blocks of :data:`BLOCK` values."""
+        y = numpy.ascontiguousarray(y, _F32)
+        if out is None:
+            out = numpy.empty(y.size, numpy.uint8)
+        for a in range(0, y.size, BLOCK):
+            self.round_block(y[a:a + BLOCK], out[a:a + BLOCK])
+        return out
+
+    def round_block(self, y, out):
+        """:meth:`round_encode` of at most :data:`BLOCK` contiguous values
+        (no allocation but the positions of exact ties)."""
+        t = self._tables()
+        idx = _scratch()[:y.size]
+        if _LITTLE:
+            halves = y.view(numpy.uint16)
+            numpy.copyto(idx, halves[1::2])
+            low = halves[0::2]
+        else:                                           # pragma: no cover
+            bits = y.view(_U32)
+            numpy.right_shift(bits, 16, out=idx, dtype=numpy.intp)
+            low = bits & _U32(0xFFFF)
+        numpy.take(t.round, idx, out=out)
+        # the low 16 bits only decide a tie: all zero, or not
+        exact = numpy.flatnonzero(low == 0)
+        if exact.size:
+            out[exact] = t.tie[idx[exact]]
+        return out
+
+    def pack(self, codes, out=None):
+        """Unpacked codes (``uint8``) → wire bytes: the same array for
+        1-byte codes, two per byte for nibbles (first value in the low
+        nibble; an odd count ends in a zero nibble)."""
+        if self.kind != 'nibble':
+            return codes
+        n = codes.size
+        m = n // 2
+        if out is None:
+            out = numpy.empty((n + 1) // 2, numpy.uint8)
+        numpy.left_shift(codes[1:2 * m:2], numpy.uint8(4), out=out[:m])
+        numpy.bitwise_or(out[:m], codes[0:2 * m:2], out=out[:m])
+        if n % 2:
+            out[m] = codes[n - 1]
+        return out
+
+    def add_codes(self, a, b, out=None):
+        """The wire bytes of ``Q(a + b)`` from the wire bytes of ``a`` and
+        ``b`` (values of the format; ``Q`` = ``quantize``): the
+        :class:`~ada_loss.communication.summation.Accumulator`'s ⊕ as one
+        table lookup per byte (two values per byte for nibbles)."""
+        return self._pair_op(self._tables().add, a, b, out)
+
+    def sub_codes(self, a, b, out=None):
+        """``Q(a − b)`` on wire bytes, as :meth:`add_codes`."""
+        return self._pair_op(self._tables().sub, a, b, out)
+
+    def pair_block(self, op, a, b, out):
+        """``add_codes`` (``op='add'``) or ``sub_codes`` of at most
+        :data:`BLOCK` bytes, into ``out`` (which may be ``a`` or ``b``)."""
+        idx = _scratch()[:a.size]
+        numpy.left_shift(a, 8, out=idx, dtype=numpy.intp)
+        numpy.bitwise_or(idx, b, out=idx, dtype=numpy.intp)
+        return numpy.take(getattr(self._tables(), op), idx, out=out)
+
+    def _pair_op(self, table, a, b, out):
+        a = numpy.asarray(a, numpy.uint8)
+        b = numpy.asarray(b, numpy.uint8)
+        if out is None:
+            out = numpy.empty(a.size, numpy.uint8)
+        op = 'add' if table is self._tables().add else 'sub'
+        for i in range(0, a.size, BLOCK):
+            self.pair_block(op, a[i:i + BLOCK], b[i:i + BLOCK],
+                            out[i:i + BLOCK])
+        return out
 
     def nbytes(self, n):
         """Bytes on the wire for ``n`` values."""
@@ -169,13 +275,78 @@ class WireCodec(object):
             out[...] = data.view(numpy.float16)
         elif self.kind == 'half':
             numpy.take(self.decode_table, data.view(numpy.uint16), out=out)
-        elif self.kind == 'byte':
+        elif self.kind == 'byte' and _LITTLE:
+            # two codes per lookup: a 2^16-entry table of value pairs
+            pairs = n // 2
+            table = self._tables().decode_pairs
+            words = data[:2 * pairs].view(numpy.uint16)
+            dest = out[:2 * pairs].view(numpy.uint64)
+            for a in range(0, pairs, BLOCK):
+                idx = _scratch()[:words[a:a + BLOCK].size]
+                numpy.copyto(idx, words[a:a + BLOCK])
+                numpy.take(table, idx, out=dest[a:a + BLOCK])
+            if n % 2:
+                out[n - 1] = self.decode_table[data[n - 1]]
+        elif self.kind == 'byte':                       # pragma: no cover
             numpy.take(self.decode_table, data, out=out)
-        elif n % 2:
-            out[...] = self.pair_table[data].view(_F32)[:n]
         else:
-            numpy.take(self.pair_table, data, out=out.view(numpy.uint64))
+            # nibbles: two values per byte, one lookup
+            pairs = n // 2
+            dest = out[:2 * pairs].view(numpy.uint64)
+            for a in range(0, pairs, BLOCK):
+                idx = _scratch()[:dest[a:a + BLOCK].size]
+                numpy.copyto(idx, data[a:a + idx.size])
+                numpy.take(self.pair_table, idx, out=dest[a:a + BLOCK])
+            if n % 2:
+                out[n - 1] = self.decode_table[data[pairs] & 15]
         return out
+
+
+class _FastTables(object):
+    """The tables of a format of at most 8 bits (module docstring):
+
+    * ``round``, ``tie``: the code of ``quantize(v)`` for every float32
+      pattern ``v`` by its top 16 bits, for low 16 bits ≠ 0 (``round``) and
+      = 0 (``tie``);
+    * ``add``, ``sub``: ``(a << 8) | b`` → the wire byte of ``Q(a ± b)``
+      for wire bytes ``a``, ``b`` (two nibble values per byte);
+    * ``decode_pairs`` (1-byte codes): a little-endian pair of codes (one
+      ``uint16``) → the pair of float32 values (one ``uint64``).
+    """
+
+    def __init__(self, codec):
+        fmt = codec.format
+        enc, shift = codec.encode_table, _U32(codec.shift)
+
+        def code(q):
+            return enc[q.view(_U32) >> shift]
+
+        top = numpy.arange(1 << 16, dtype=_U32) << _U32(16)
+        with numpy.errstate(over='ignore', invalid='ignore'):
+            self.round = code(fmt.quantize((top | _U32(1)).view(_F32)))
+            self.tie = code(fmt.quantize(top.view(_F32)))
+        values = numpy.zeros(256 if codec.kind == 'byte' else 16, _F32)
+        values[:codec.decode_table.size] = codec.decode_table
+        tables = []
+        for op in (numpy.add, numpy.subtract):
+            with numpy.errstate(over='ignore', invalid='ignore'):
+                codes = code(fmt.quantize(
+                    op(values[:, None], values[None, :]).ravel()))
+            if codec.kind == 'nibble':
+                # byte a = (a1 << 4) | a0: two independent nibble sums
+                codes = codes.reshape(16, 16)
+                a = numpy.arange(256)[:, None]
+                b = numpy.arange(256)[None, :]
+                codes = (codes[a & 15, b & 15] |
+                         (codes[a >> 4, b >> 4] << 4)).astype(numpy.uint8)
+            tables.append(numpy.ascontiguousarray(codes.ravel(),
+                                                  numpy.uint8))
+        self.add, self.sub = tables
+        if codec.kind == 'byte':
+            bits = values.view(_U32).astype(numpy.uint64)
+            u = numpy.arange(1 << 16)
+            self.decode_pairs = bits[u & 255] | (bits[u >> 8] <<
+                                                 numpy.uint64(32))
 
 
 _CODECS = {}
