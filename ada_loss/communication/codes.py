@@ -47,7 +47,7 @@ _QNAN = 0x7FC00000
 _LITTLE = sys.byteorder == 'little'
 #: values per step of the blocked loops (their work arrays stay in cache;
 #: the tests set it small to cross many block boundaries)
-BLOCK = 1 << 15
+BLOCK = 1 << 16
 _SCRATCH = []
 
 
