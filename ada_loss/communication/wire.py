@@ -8,7 +8,8 @@ stated order; here each rank only ever sends codes
 5–8 bits, half a byte for ≤ 4 bits) and every addition happens on the rank
 where the emulation's order puts it:
 
-``ring`` — reduce-scatter of ``p − 1`` ``Sendrecv`` steps, then all-gather.
+``ring`` — reduce-scatter of ``p − 1`` ``Sendrecv`` steps, then all-gather
+    (one ``Allgatherv``).
     The elements are cut into p chunks exactly as the emulation's ring
     (chunk j = ``[j·n//p, (j+1)·n//p)``). At step s (0 ≤ s ≤ p − 2) rank r
     sends chunk ``(r − 1 − s) mod p`` to rank r + 1 and receives chunk
@@ -16,9 +17,9 @@ where the emulation's order puts it:
     with the emulation's ⊕ (:class:`~.summation.Accumulator`: FP32 add,
     round to the format; Kahan's four rounded operations) and re-encodes
     it. So chunk j starts at rank j + 1 and ends at rank j, which adds the
-    last value — the emulation's ring order, unchanged. Then p − 1
-    ``Sendrecv`` steps pass the finished chunks' codes around the ring
-    (copies: no arithmetic).
+    last value — the emulation's ring order, unchanged. Then one
+    ``Allgatherv`` gathers the finished chunks' codes (copies: no
+    arithmetic; MPI picks its algorithm, a ring's bytes are below).
 
 ``hierarchical`` (groups of k, ``comm.Split``) — each member ``Send``s its
     codes to its group's leader (the group's first rank), which receives
@@ -45,7 +46,26 @@ packed; exact per chunk, ragged chunks included):
   every later ⊕, so its positions are all the emulation's result needs).
 
 The mean is then :meth:`StepReduction.finish` (× 1/p, unshift, non-finite
-layers → NaN), as in the emulation.
+layers → NaN), as in the emulation (``finish_range``: the same roundings,
+block by block right after decoding).
+
+Two implementations of the parts, one result:
+
+*fast path* (:class:`_CodePart`; formats of at most 8 bits, unless NaN
+    positions must be tracked): this rank's values are shifted
+    (``x · 2^shift`` per layer, as ``scale_pow2`` rounds it), rounded and
+    encoded in one table lookup (the shift folded into the table:
+    :meth:`~.codes.WireCodec.shift_table`), block by block as the ring
+    needs each chunk, never stored as float32 payloads; a hop is
+    one lookup per byte in the format's ⊕ table (four with Kahan:
+    ``y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y)``), in place in the
+    received message, which is then sent on as it is; the end decodes
+    pairs of codes per lookup and finishes the mean of each block while it
+    is in cache. The messages live in buffers kept from call to call.
+*value path* (:class:`_ValuePart`): FP32 layers, 16-bit formats, and
+    formats without a NaN code when APS is off (their NaN positions are
+    tracked at each encoding): decode, ``Accumulator.add``, encode, as
+    before.
 """
 import numpy
 
@@ -83,12 +103,13 @@ def _join(pieces):
 
 class _CodePart(object):
     """Low-precision layers of a format of at most 8 bits, reduced in its
-    codes (module docstring, *fast path*): this rank's values are rounded
-    and encoded by table once, block by block, as the ring needs them
-    (``x`` · 2^shift per layer, then :meth:`WireCodec.round_block`); a hop
-    is one table lookup per byte (:meth:`WireCodec.pair_block`), four with
-    Kahan's compensation. Or, for the leaders' ring of the hierarchical
-    order: the group sum's codes (``codes``, unpacked)."""
+    codes (module docstring, *fast path*): this rank's values are shifted,
+    rounded and encoded in one table lookup each (the layer's
+    :meth:`~.codes.WireCodec.shift_table`), block by block as the ring
+    needs them; a hop is one table lookup per byte
+    (:meth:`~.codes.WireCodec.pair_block`), four with Kahan's
+    compensation. Or, for the leaders' ring of the hierarchical order: the
+    group sum's codes (``codes``, unpacked)."""
 
     def __init__(self, codec, kahan, n, x=None, segments=(), codes=None):
         self.codec = codec
@@ -111,26 +132,42 @@ class _CodePart(object):
         if self.codes is not None:
             out[...] = self.codes[a:b]
             return out
-        x = self.x[a:b]
+        codec, x = self.codec, self.x[a:b]
+        key = codec.key_block(x)
         i = int(numpy.searchsorted(self.seg_ends, a, 'right'))
-        if i < len(self.segments) and self.segments[i][0] < b:
-            # x · 2^shift of each layer in the block, x between them
-            if self._y is None or self._y.size != _codes.BLOCK:
-                self._y = numpy.empty(_codes.BLOCK, _F32)
-            y = self._y[:b - a]
-            at = a
-            while i < len(self.segments) and self.segments[i][0] < b:
+        at = a
+        while at < b:
+            # the next piece: a gap (shift 0) or a shifted layer
+            if i < len(self.segments) and self.segments[i][0] < b:
                 lo, hi, e = self.segments[i]
                 lo, hi = max(lo, a), min(hi, b)
-                if at < lo:
-                    y[at - a:lo - a] = x[at - a:lo - a]
-                scale_layer(x[lo - a:hi - a], e, y[lo - a:hi - a])
-                at = hi
-                i += 1
-            if at < b:
-                y[at - a:] = x[at - a:]
-            x = y
-        return self.codec.round_block(x, out)
+            else:
+                lo = hi = b
+                e = 0
+            if at < lo:
+                numpy.take(codec.shift_table(0), key[at - a:lo - a],
+                           out=out[at - a:lo - a])
+            if lo < hi:
+                piece = slice(lo - a, hi - a)
+                if codec.folds(e):
+                    # x · 2^e rounded in one lookup of the shifted table
+                    numpy.take(codec.shift_table(e), key[piece],
+                               out=out[piece])
+                else:
+                    self._multiplied(x[piece], e, out[piece])
+            at = hi
+            i += 1
+        return out
+
+    def _multiplied(self, x, e, out):
+        """Codes of ``quantize(x · 2^e)`` for a shift the tables do not fold
+        (tiny layers): the product first, as ``scale_pow2`` rounds it."""
+        if self._y is None or self._y.size != _codes.BLOCK:
+            self._y = numpy.empty(_codes.BLOCK, _F32)
+            self._idx = numpy.empty(_codes.BLOCK, numpy.intp)
+        y = scale_layer(x, e, self._y[:x.size])
+        key = self.codec.key_block(y, self._idx)
+        numpy.take(self.codec.shift_table(0), key, out=out)
 
     def _blocks(self, a, b):
         """[i, j) blocks of [a, b) and their byte offsets from a."""
@@ -141,9 +178,10 @@ class _CodePart(object):
             o = (i - a) // 2 if nib else i - a
             yield i, j, o, o + self.codec.nbytes(j - i)
 
-    def own_wire(self, a, b):
-        """Wire bytes of this rank's values [a, b)."""
-        out = numpy.empty(self.codec.nbytes(b - a), _U8)
+    def own_wire(self, a, b, out=None):
+        """Wire bytes of this rank's values [a, b) (into ``out``)."""
+        if out is None:
+            out = numpy.empty(self.codec.nbytes(b - a), _U8)
         for i, j, o, e in self._blocks(a, b):
             if self.codec.kind == 'nibble':
                 self.codec.pack(self._own_block(i, j), out[o:e])
@@ -211,6 +249,17 @@ class _CodePart(object):
 
 
 _CODE_SCRATCH = []
+_WORK = {}
+
+
+def _work(name, size):
+    """A byte buffer of this process kept from call to call (the messages
+    of the ring: no fresh pages to fault in at every step), at least
+    ``size`` bytes; grows when a larger one is asked for."""
+    buf = _WORK.get(name)
+    if buf is None or buf.size < size:
+        buf = _WORK[name] = numpy.empty(size, _U8)
+    return buf[:size]
 
 
 def _codes_scratch(k):
@@ -252,7 +301,7 @@ class _ValuePart(object):
             self.nan[start:start + values.size] |= numpy.isnan(values)
         return self.codec.encode(values)
 
-    def own_wire(self, a, b):
+    def own_wire(self, a, b, out=None):
         return self._encode(self.values[a:b], a)
 
     def hop(self, a, b, s, c):
@@ -306,7 +355,10 @@ def _ring(comm, parts):
         pieces, in_sizes = [], []
         for i, part in enumerate(parts):
             if step == 0:
-                pieces.append(part.own_wire(*bounds(i, out_j)))
+                a, b = bounds(i, out_j)
+                out = _work('own' if i == 0 else 'own%d' % i,
+                            part.codec.nbytes(b - a))
+                pieces.append(part.own_wire(a, b, out))
             else:
                 # c = 0 at the first step: not sent
                 pieces += part.state_wire(part.kahan)
@@ -314,7 +366,8 @@ def _ring(comm, parts):
             if part.kahan and step:
                 in_sizes.append(sizes[in_j][i])
         send = _join(pieces)
-        recv = numpy.empty(sum(in_sizes), _U8)
+        # two message buffers in turn: one is sent on while the other fills
+        recv = _work('recv%d' % (step % 2), sum(in_sizes))
         comm.Sendrecv(send, dest=right, recvbuf=recv, source=left)
         fields = _split_message(recv, in_sizes)
         at = 0
@@ -334,7 +387,7 @@ def _ring(comm, parts):
     counts = [sum(row) for row in sizes]
     displs = numpy.concatenate([[0], numpy.cumsum(counts)]).astype(int)
     total = int(displs[-1])
-    gathered = numpy.empty(total, _U8)
+    gathered = _work('gathered', total)
     if g == 1:
         gathered[...] = _join(mine) if total else gathered
     else:
@@ -384,7 +437,7 @@ def _hierarchical(groups, parts, n_workers, outs, finish=None):
         group.Send(_join([part.own_wire(0, part.n) for part in parts]),
                    dest=0)
         starts, sizes = _layout(parts, n_leaders)
-        data = numpy.empty(sum(sum(row) for row in sizes), _U8)
+        data = _work('gathered', sum(sum(row) for row in sizes))
     else:
         own = [part.codec.nbytes(part.n) for part in parts]
         messages = [[] for _ in parts]

@@ -99,8 +99,9 @@ def _patterns(lows=(0, 1, 0x7FFF, 0x8000, 0xFFFF), seed=0):
 
 @pytest.mark.parametrize('fmt', SMALL)
 def test_round_encode_is_quantize_then_encode(fmt):
-    """The fast path's rounding by table (top 16 bits; the low 16 only as
-    zero / non-zero) gives the code of ``quantize`` (the project's own
+    """The fast path's rounding by table (top 16 bits rounded to odd: the
+    low 16 only as zero / non-zero) gives the code of ``quantize`` (the
+    project's own
     rounding: ties to even, subnormals, overflow to Inf / NaN / saturation,
     NaN) for every float32 top half with low halves on and off a tie,
     in one block and in blocks of 7 values."""
@@ -122,6 +123,31 @@ def test_round_encode_is_quantize_then_encode(fmt):
     for n in (999, 1000):
         assert numpy.array_equal(c.pack(c.round_encode(v[:n])),
                                  c.encode(q[:n]))
+
+
+@pytest.mark.parametrize('fmt', SMALL)
+def test_shift_folded_into_the_rounding_table(fmt):
+    """APS's shift folded into the table (no multiplication): the codes of
+    ``quantize(scale_pow2(v, e))`` for every top half and tie lows, for
+    shifts down past float32's normals, up to the largest the tables fold
+    (where a float32 subnormal times 2^e still rounds to 0) and around;
+    a shift they do not fold says so."""
+    from ada_loss.communication.allreduce import scale_layer
+    c = WireCodec(fmt)
+    f = get_format(fmt)
+    top = 125 + f.emin - f.man_bits
+    assert c.folds(top) and not c.folds(top + 1)
+    for e in (-140, -127, -40, -3, -1, 1, 2, 17, 60, top - 1, top):
+        for v in _patterns(lows=(0, 1, 0x8000)):
+            with numpy.errstate(over='ignore', invalid='ignore'):
+                q = f.quantize(scale_layer(v, e, numpy.empty_like(v)))
+            want = c.encode_table[q.view(numpy.uint32) >>
+                                  numpy.uint32(c.shift)]
+            got = c.round_encode(v, shift=e)
+            # Inf and NaN are never shifted (APS: a non-finite layer's
+            # shift is 0); their rows keep their codes
+            finite = numpy.isfinite(v)
+            assert numpy.array_equal(got[finite], want[finite]), e
 
 
 @pytest.mark.parametrize('fmt', sorted(ML_DTYPES))
