@@ -137,7 +137,8 @@ METHODS = [('fp32_allreduce', 32), ('fp16_allreduce', 16),
            ('aps_wire_4bit', 4)]
 PHASES = ('encode', 'comm', 'decode', 'hop', 'compute')
 # the fast path's table rounding is encoding; its ⊕ tables are the hops
-PHASE_OF = {'round_block': 'encode', 'pair_block': 'hop'}
+PHASE_OF = {'round_block': 'encode', 'pair_block': 'hop',
+            '_own_block': 'encode'}
 
 
 class TimedComm(object):
@@ -222,13 +223,14 @@ def mpi(args):
     from ada_loss.communication import CommPolicy, StepReduction
     from ada_loss.communication.codes import WireCodec
     from ada_loss.communication.communicator import emulated_mean
-    from ada_loss.communication.wire import wire_mean
+    from ada_loss.communication.wire import _CodePart, wire_mean
     world = MPI.COMM_WORLD
     p, rank = world.Get_size(), world.Get_rank()
     phases = dict.fromkeys(PHASES, 0.0)
     comm = TimedComm(world, phases)
     saved = _timed_methods(WireCodec, ('encode', 'decode', 'round_block',
                                        'pair_block'), phases)
+    saved_part = _timed_methods(_CodePart, ('_own_block',), phases)
     fp16_op = fp16_sum_op()
     policies = {'fp16_ring': CommPolicy('float16', aps=False),
                 'aps_emulated': CommPolicy('fp8_e5m2'),
@@ -320,6 +322,8 @@ def mpi(args):
         sys.stdout.flush()
     for name, fn in saved.items():
         setattr(WireCodec, name, fn)
+    for name, fn in saved_part.items():
+        setattr(_CodePart, name, fn)
     fp16_op.Free()
     if rank == 0 and args.json:
         with open(args.json, 'w') as f:
@@ -417,6 +421,67 @@ def break_even(paths, targets=(8, 64)):
                     r['ranks'], r['buffer'], local, p, c, bw * 8 / 1e9))
 
 
+def codec(args):
+    """``--codec``: nanoseconds per value of the wire codec's steps in one
+    process (``time.process_time``, best of ``--repeats``), on ``2^a``
+    normal values (``--sweep``'s a) × 1e-3, 8-bit fp8_e5m2 and 4-bit e3m0:
+    the old route (``quantize`` + encode table) and ml_dtypes' cast beside
+    the fast path's rounding by table, plain and with APS's shift."""
+    from ada_loss.communication.allreduce import scale_layer
+    from ada_loss.communication.codes import WireCodec
+    from ada_loss.communication.wire import _CodePart
+    n = 1 << args.sweep[0]
+    x = numpy.random.RandomState(0).standard_normal(n).astype(
+        numpy.float32) * numpy.float32(1e-3)
+    print('codec steps, ns per value, {} values, best of {}'.format(
+        n, args.repeats))
+
+    def best(fn):
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.process_time()
+            fn()
+            times.append(time.process_time() - t0)
+        return min(times) / n * 1e9
+
+    for name in ('fp8_e5m2', 'e3m0'):
+        c = WireCodec(name)
+        f = c.format
+        c.round_encode(x[:16])
+        rows = [('quantize + encode (old route)',
+                 lambda: c.encode(f.quantize(x))),
+                ('x * 2^e, quantize + encode (old route)',
+                 lambda: c.encode(f.quantize(
+                     scale_layer(x, 20, numpy.empty_like(x)))))]
+        if f.ml_dtype is not None:
+            rows.append(('ml_dtypes astype (encode only)',
+                         lambda: x.astype(f.ml_dtype)))
+        part = _CodePart(c, False, n, x, [(0, n, 20)])
+        plain = _CodePart(c, False, n, x, [])
+        codes = part.own_wire(0, n)
+        other = plain.own_wire(0, n)
+        out = numpy.empty(n, numpy.float32)
+        rows += [('round by table (fast path)',
+                  lambda: plain.own_wire(0, n)),
+                 ('x * 2^e rounded by shifted table (fast path)',
+                  lambda: part.own_wire(0, n)),
+                 ('hop: own value rounded + one ⊕ lookup',
+                  lambda: part.hop(0, n, other.copy(), None)),
+                 ('decode', lambda: c.decode(codes, n, out))]
+        if c.kind == 'byte':
+            rows.append(('old decode (one value per lookup)',
+                         lambda: numpy.take(c.decode_table, codes, out=out)))
+        print('\n{} ({} bits):'.format(name, c.bits))
+        for label, fn in rows:
+            print('  {:46s} {:6.2f}'.format(label, best(fn)))
+    y = numpy.empty_like(x)
+    print('\nfor scale: one float32 multiply pass {:.2f}, max/min reduceat '
+          '{:.2f}'.format(best(lambda: numpy.multiply(x, numpy.float32(2),
+                                                      out=y)),
+                          best(lambda: numpy.maximum.reduceat(
+                              x, numpy.arange(0, n, n // 161)))))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--workers', type=int, default=8)
@@ -436,6 +501,9 @@ def main():
                    '(memory: the emulated mode gathers P copies)')
     p.add_argument('--json', help='--mpi: write the records here')
     p.add_argument('--mpi', action='store_true')
+    p.add_argument('--codec', action='store_true',
+                   help='time the codec steps in one process (2^a values, '
+                   'a from --sweep)')
     p.add_argument('--summarize', nargs='+', metavar='JSON',
                    help='print a Markdown table of --json files and exit')
     args = p.parse_args()
@@ -447,6 +515,10 @@ def main():
     args.sweep = [int(v) for v in args.sweep.split(',')]
     args.max_log2 = dict(tuple(int(v) for v in item.split(':'))
                          for item in args.max_log2.split(',') if item)
+    if args.codec:
+        B.print_machine_info()
+        codec(args)
+        return
     if args.mpi:
         from mpi4py import MPI
         if MPI.COMM_WORLD.rank == 0:
