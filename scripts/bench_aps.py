@@ -399,26 +399,39 @@ def break_even(paths, targets=(8, 64)):
     """A Markdown table: per record of the 8-bit wire mode with a model
     buffer, the link bandwidth below which it beats FP32 averaging at
     ``targets`` ranks (:func:`~ada_loss.communication.cost.
-    break_even_bandwidth`)."""
+    break_even_bandwidth`): from its local wall time (everything but MPI,
+    the hops rescaled to P ranks; on a loaded machine this includes time
+    off the CPU: a low bound), and from its extra CPU seconds over FP32's
+    ``Allreduce`` at the measured P (both include their shared-memory
+    copies)."""
     from ada_loss.communication.cost import break_even_bandwidth
-    print('\n| measured at P | buffer | local time of the 8-bit wire mode [s] '
-          '| P | modelled local time [s] | break-even bandwidth per link '
-          '[Gbit/s] |')
-    print('|' + '---|' * 6)
+    print('\n| measured at P | buffer | local time of the 8-bit wire mode '
+          '(wall − MPI) [s] | P | modelled local time [s] | break-even '
+          'bandwidth per link [Gbit/s] | CPU: wire − FP32 [s] | break-even '
+          'from CPU [Gbit/s] |')
+    print('|' + '---|' * 8)
     for path in paths:
         with open(path) as f:
             records = json.load(f)['records']
+        fp32 = {(r['ranks'], r['buffer']): r for r in records
+                if r['method'] == 'fp32_allreduce'}
         for r in records:
             if r['method'] != 'aps_wire_8bit' or r['buffer'].startswith('2^'):
                 continue
             n, L = r['elements'], r['layers']
             sizes = [n - (L - 1)] + [1] * (L - 1)
             local = r['seconds'] - r['seconds_comm']
+            extra_cpu = r['cpu_seconds'] - fp32[(r['ranks'], r['buffer'])][
+                'cpu_seconds']
             for p in targets:
                 c = codec_seconds(r, p)
                 bw = break_even_bandwidth(sizes, 'fp8_e5m2', p, c)
-                print('| {} | {} | {:.4f} | {} | {:.4f} | {:.1f} |'.format(
-                    r['ranks'], r['buffer'], local, p, c, bw * 8 / 1e9))
+                bw_cpu = break_even_bandwidth(sizes, 'fp8_e5m2', p,
+                                              extra_cpu)
+                print('| {} | {} | {:.4f} | {} | {:.4f} | {:.1f} | {:.4f} | '
+                      '{:.1f} |'.format(r['ranks'], r['buffer'], local, p, c,
+                                        bw * 8 / 1e9, extra_cpu,
+                                        bw_cpu * 8 / 1e9))
 
 
 def codec(args):
