@@ -150,6 +150,48 @@ def test_shift_folded_into_the_rounding_table(fmt):
             assert numpy.array_equal(got[finite], want[finite]), e
 
 
+@pytest.mark.parametrize('fmt', ['fp8_e5m2', 'e3m0', 'fp6_e2m3'])
+def test_a_ranks_codes_of_shifted_layers(fmt):
+    """The ring's own codes of a rank (``_CodePart.own_wire``) for layers
+    with folded shifts, a shift too large to fold (a tiny layer with
+    float32 subnormals: multiplied first) and unshifted gaps, in blocks of
+    8 values and chunks starting at odd elements: the old route's bytes
+    (``scale_pow2``, ``quantize``, ``encode``) for every chunk."""
+    from ada_loss.communication import codes as C
+    from ada_loss.communication.allreduce import scale_pow2
+    from ada_loss.communication.wire import _CodePart
+    c = WireCodec(fmt)
+    f = get_format(fmt)
+    big = 125 + f.emin - f.man_bits + 3
+    assert not c.folds(big)
+    rng = numpy.random.RandomState(3)
+    sizes, shifts = [13, 7, 20, 11, 9], [5, 0, big, -3, 0]
+    scales = [2.0 ** -8, 1.0, 2.0 ** (f.emax - big - 1), 2.0 ** 6, 0.25]
+    x = numpy.concatenate([rng.standard_normal(n) * s
+                           for n, s in zip(sizes, scales)]).astype(
+        numpy.float32)
+    # float32 subnormals in the tiny layer: non-zero once shifted
+    x[30:34] = numpy.array([2.0 ** -127, -3 * 2.0 ** -129, 5 * 2.0 ** -131,
+                            2.0 ** -126 - 2.0 ** -149], numpy.float32)
+    segments, at = [], 0
+    for n, e in zip(sizes, shifts):
+        segments.append((at, at + n, e))
+        at += n
+    part = _CodePart(c, False, x.size, x, segments)
+    shift = numpy.repeat(numpy.array(shifts, numpy.int32), sizes)
+    with numpy.errstate(over='ignore', invalid='ignore'):
+        want = f.quantize(scale_pow2(x, shift))
+    assert numpy.count_nonzero(want[30:34]) >= 2
+    block = C.BLOCK
+    try:
+        C.BLOCK = 8
+        for a, b in ((0, x.size), (3, 40), (17, 18), (29, 60)):
+            assert numpy.array_equal(part.own_wire(a, b),
+                                     c.encode(want[a:b])), (a, b)
+    finally:
+        C.BLOCK = block
+
+
 @pytest.mark.parametrize('fmt', sorted(ML_DTYPES))
 def test_round_encode_agrees_with_ml_dtypes_casts(fmt):
     """An independent check of the rounding: ml_dtypes' compiled casts give
