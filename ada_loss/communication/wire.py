@@ -476,15 +476,19 @@ def wire_mean(comm, plan, buffer, groups=None):
 
     Args:
         comm: an mpi4py communicator (or any object with its buffer
-            methods: ``Allreduce``, ``Sendrecv``, ``Send``, ``Recv``,
-            ``Bcast``, ``Get_rank``, ``Get_size``).
+            methods: ``Allreduce``, ``Sendrecv``, ``Allgatherv``, ``Send``,
+            ``Recv``, ``Bcast``, ``Get_rank``, ``Get_size``).
         plan (StepReduction): for ``comm``'s size.
         buffer (numpy.ndarray): float32, ``plan.size`` elements.
         groups: ``split_groups(comm, k)`` for the hierarchical order.
 
     Returns:
         ``(mean, agreed)``: the float32 mean (the same on every rank, bit
-        for bit the emulation's) and the agreed exponent codes.
+        for bit the emulation's; a new array) and the agreed exponent
+        codes.
+
+    The work arrays and message buffers are the process's, kept between
+    calls: one call at a time per process (as ChainerMN makes them).
     """
     from mpi4py import MPI
     p = comm.Get_size()
