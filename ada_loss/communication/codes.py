@@ -247,7 +247,7 @@ class WireCodec(object):
         product as ``scale_pow2`` rounds it) for a shift that
         :meth:`folds` (``shift=0`` always does)."""
         key = self.key_block(y)
-        return numpy.take(self.shift_table(shift), key, out=out)
+        return self.shift_table(shift).take(key, out=out)
 
     def key_block(self, y, idx=None):
         """The table key of each float32 of ``y`` (at most :data:`BLOCK`):
@@ -324,7 +324,7 @@ class WireCodec(object):
         numpy.left_shift(pair, numpy.uint16(8), out=pair)
         numpy.bitwise_or(pair, b, out=pair, casting='unsafe')
         numpy.copyto(idx, pair)
-        return numpy.take(getattr(self._tables(), op), idx, out=out)
+        return getattr(self._tables(), op).take(idx, out=out)
 
     def _pair_op(self, table, a, b, out):
         a = numpy.asarray(a, numpy.uint8)
@@ -383,7 +383,7 @@ class WireCodec(object):
             for a in range(0, pairs, BLOCK):
                 idx = _scratch()[:words[a:a + BLOCK].size]
                 numpy.copyto(idx, words[a:a + BLOCK])
-                numpy.take(table, idx, out=dest[a:a + BLOCK])
+                table.take(idx, out=dest[a:a + BLOCK])
             if n % 2:
                 out[n - 1] = self.decode_table[data[n - 1]]
         elif self.kind == 'byte':                       # pragma: no cover
@@ -395,7 +395,7 @@ class WireCodec(object):
             for a in range(0, pairs, BLOCK):
                 idx = _scratch()[:dest[a:a + BLOCK].size]
                 numpy.copyto(idx, data[a:a + idx.size])
-                numpy.take(self.pair_table, idx, out=dest[a:a + BLOCK])
+                self.pair_table.take(idx, out=dest[a:a + BLOCK])
             if n % 2:
                 out[n - 1] = self.decode_table[data[pairs] & 15]
         return out

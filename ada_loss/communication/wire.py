@@ -145,14 +145,13 @@ class _CodePart(object):
                 lo = hi = b
                 e = 0
             if at < lo:
-                numpy.take(codec.shift_table(0), key[at - a:lo - a],
-                           out=out[at - a:lo - a])
+                codec.shift_table(0).take(key[at - a:lo - a],
+                                         out=out[at - a:lo - a])
             if lo < hi:
                 piece = slice(lo - a, hi - a)
                 if codec.folds(e):
                     # x · 2^e rounded in one lookup of the shifted table
-                    numpy.take(codec.shift_table(e), key[piece],
-                               out=out[piece])
+                    codec.shift_table(e).take(key[piece], out=out[piece])
                 else:
                     self._multiplied(x[piece], e, out[piece])
             at = hi
@@ -167,7 +166,7 @@ class _CodePart(object):
             self._idx = numpy.empty(_codes.BLOCK, numpy.intp)
         y = scale_layer(x, e, self._y[:x.size])
         key = self.codec.key_block(y, self._idx)
-        numpy.take(self.codec.shift_table(0), key, out=out)
+        self.codec.shift_table(0).take(key, out=out)
 
     def _blocks(self, a, b):
         """[i, j) blocks of [a, b) and their byte offsets from a."""
