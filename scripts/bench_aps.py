@@ -19,20 +19,30 @@ gradient mean of one step over P ranks, per method (docs/aps_wire.md):
 * ``aps_emulated``: APS (fp8_e5m2) as the emulated mode does it: exponent
   ``Allreduce(MAX)``, ``Allgather`` of FP32 payloads, the sum on every rank;
 * ``aps_wire_8bit`` (fp8_e5m2) and ``aps_wire_4bit`` (e3m0, the paper's
-  (3, 0)): APS with codes on the wire (ring reduce-scatter + all-gather).
+  (3, 0)): APS with codes on the wire (ring reduce-scatter of ``Sendrecv``
+  steps + ``Allgatherv``; the codes' fast path of tables).
 
 Buffers: ResNet-20's parameter sizes (0.27M, 59 layers), ResNet-50's
 (25.6M, 161 layers) and a sweep of single-layer buffers ``2^a .. 2^b``
 (``--sweep``), random normal gradients. Each time is the slowest rank's,
-median of ``--repeats`` after one warm-up, methods round-robin. Per method
+median of ``--repeats`` after one warm-up, methods round-robin; ``cpu``:
+the largest CPU time (``process_time``) of a rank, median — less exposed
+to the other jobs of a shared machine than the wall time. Per method
 the time splits into ``comm`` (inside MPI calls, waiting included),
-``encode``/``decode`` (format codes ↔ float32; the FP16 casts of
-``fp16_allreduce``) and ``compute`` (the rest: exponents, shift and cast,
-the low-precision sums, unshift, × 1/P), rank 0's. ``bytes_per_element``:
+``encode`` (format codes from float32: rounding by table; the FP16 cast of
+``fp16_allreduce``), ``decode`` (codes → float32, with the mean of each
+block in the fast path), ``hop`` (the ring's ⊕ by table, fast path) and
+``compute`` (the rest: exponents, shift, the value path's sums, unshift,
+× 1/P, time off the CPU), rank 0's. ``bytes_per_element``:
 what a rank sends per element, counted at the MPI calls for the ring
-methods, and the ring-algorithm figure ``2(P−1)/P·b`` for MPI's own
+methods (``Allgatherv``: (P−1) × its block, a ring all-gather's figure),
+and the ring-algorithm figure ``2(P−1)/P·b`` for MPI's own
 ``Allreduce`` (whose algorithm MPI chooses) and ``(P−1)·4`` for the
 ``Allgather`` (``bytes_source`` says which).
+
+``--summarize`` prints the table of docs/aps_wire.md from ``--json`` files
+and the break-even link bandwidth of the 8-bit wire mode for P = 8 and 64
+(:func:`codec_seconds`, ``cost.break_even_bandwidth``).
 
 Prints a table from one run; not a test. Without ``--mpi``: the
 single-process simulator timing below.
@@ -125,7 +135,10 @@ def single(args):
 METHODS = [('fp32_allreduce', 32), ('fp16_allreduce', 16),
            ('fp16_ring', 16), ('aps_emulated', 8), ('aps_wire_8bit', 8),
            ('aps_wire_4bit', 4)]
-PHASES = ('encode', 'comm', 'decode', 'compute')
+PHASES = ('encode', 'comm', 'decode', 'hop', 'compute')
+# the fast path's table rounding is encoding; its ⊕ tables are the hops
+PHASE_OF = {'round_block': 'encode', 'pair_block': 'hop',
+            '_own_block': 'encode'}
 
 
 class TimedComm(object):
@@ -159,6 +172,11 @@ class TimedComm(object):
         return self._call('Sendrecv', send.nbytes, send, dest=dest,
                           recvbuf=recvbuf, source=source)
 
+    def Allgatherv(self, send, recv):
+        # a ring all-gather's bytes: this rank's block to each other rank
+        return self._call('Allgatherv', (self.Get_size() - 1) * send.nbytes,
+                          send, recv)
+
 
 def _timed_methods(cls, names, phases):
     """Wraps ``cls.<name>`` so that its seconds add to ``phases[name]``;
@@ -171,7 +189,7 @@ def _timed_methods(cls, names, phases):
         def wrapper(*a, _fn=fn, _name=name, **k):
             t0 = time.perf_counter()
             out = _fn(*a, **k)
-            phases[_name] += time.perf_counter() - t0
+            phases[PHASE_OF.get(_name, _name)] += time.perf_counter() - t0
             return out
         setattr(cls, name, wrapper)
     return saved
@@ -205,12 +223,14 @@ def mpi(args):
     from ada_loss.communication import CommPolicy, StepReduction
     from ada_loss.communication.codes import WireCodec
     from ada_loss.communication.communicator import emulated_mean
-    from ada_loss.communication.wire import wire_mean
+    from ada_loss.communication.wire import _CodePart, wire_mean
     world = MPI.COMM_WORLD
     p, rank = world.Get_size(), world.Get_rank()
     phases = dict.fromkeys(PHASES, 0.0)
     comm = TimedComm(world, phases)
-    saved = _timed_methods(WireCodec, ('encode', 'decode'), phases)
+    saved = _timed_methods(WireCodec, ('encode', 'decode', 'round_block',
+                                       'pair_block'), phases)
+    saved_part = _timed_methods(_CodePart, ('_own_block',), phases)
     fp16_op = fp16_sum_op()
     policies = {'fp16_ring': CommPolicy('float16', aps=False),
                 'aps_emulated': CommPolicy('fp8_e5m2'),
@@ -251,6 +271,7 @@ def mpi(args):
         buf = rng.standard_normal(n).astype(numpy.float32)
         buf *= numpy.float32(1e-3)
         times = {m: [] for m, _ in METHODS}
+        cpu = {m: [] for m, _ in METHODS}
         parts = {m: {k: [] for k in PHASES} for m, _ in METHODS}
         sent = {}
         repeats = args.repeats if n < (1 << 22) else args.repeats_large
@@ -260,15 +281,19 @@ def mpi(args):
                     phases[k] = 0.0
                 comm.sent = 0
                 world.Barrier()
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 run(method, buf, names, sizes)
                 elapsed = time.perf_counter() - t0
+                used = time.process_time() - c0
                 elapsed = world.allreduce(elapsed, op=MPI.MAX)
+                used = world.allreduce(used, op=MPI.MAX)
                 if i:
                     times[method].append(elapsed)
+                    cpu[method].append(used)
                     parts[method]['compute'].append(
                         elapsed - sum(phases[k] for k in PHASES))
-                    for k in ('encode', 'comm', 'decode'):
+                    for k in ('encode', 'comm', 'decode', 'hop'):
                         parts[method][k].append(phases[k])
                     sent[method] = comm.sent
         if rank:
@@ -286,7 +311,8 @@ def mpi(args):
             rec = {'method': method, 'bits': bits,
                    'bytes_per_element': per + exps / n,
                    'bytes_source': 'counted' if counted else 'model',
-                   'seconds': B.median(times[method]), 'elements': n,
+                   'seconds': B.median(times[method]),
+                   'cpu_seconds': B.median(cpu[method]), 'elements': n,
                    'ranks': p, 'buffer': label, 'layers': len(sizes),
                    'repeats': repeats}
             for k in PHASES:
@@ -296,6 +322,8 @@ def mpi(args):
         sys.stdout.flush()
     for name, fn in saved.items():
         setattr(WireCodec, name, fn)
+    for name, fn in saved_part.items():
+        setattr(_CodePart, name, fn)
     fp16_op.Free()
     if rank == 0 and args.json:
         with open(args.json, 'w') as f:
@@ -310,18 +338,21 @@ def print_block(recs):
         r0['buffer'], r0['elements'], r0['layers'], r0['ranks'],
         r0['repeats']))
     print('  {:15s} {:>9s} {:>7s} {:>9s} {:>8s} {:>8s} {:>8s} {:>8s} '
-          '{:>7s} {:>7s}'.format('method', 'bytes/el', 'src', 'seconds',
-                                 'encode', 'comm', 'decode', 'compute',
-                                 'vs fp32', 'vs emul'))
-    by = {r['method']: r['seconds'] for r in recs}
+          '{:>8s} {:>8s} {:>7s} {:>7s} {:>8s}'.format(
+              'method', 'bytes/el', 'src', 'seconds', 'encode', 'comm',
+              'decode', 'hop', 'compute', 'cpu', 'vs fp32', 'vs emul',
+              'cpu/fp32'))
+    by = {r['method']: r for r in recs}
     for r in recs:
         print('  {:15s} {:9.4f} {:>7s} {:9.4f} {:8.4f} {:8.4f} {:8.4f} '
-              '{:8.4f} {:7.2f} {:7.2f}'.format(
+              '{:8.4f} {:8.4f} {:8.4f} {:7.2f} {:7.2f} {:8.2f}'.format(
                   r['method'], r['bytes_per_element'], r['bytes_source'],
                   r['seconds'], r['seconds_encode'], r['seconds_comm'],
-                  r['seconds_decode'], r['seconds_compute'],
-                  r['seconds'] / by['fp32_allreduce'],
-                  r['seconds'] / by['aps_emulated']))
+                  r['seconds_decode'], r['seconds_hop'],
+                  r['seconds_compute'], r['cpu_seconds'],
+                  r['seconds'] / by['fp32_allreduce']['seconds'],
+                  r['seconds'] / by['aps_emulated']['seconds'],
+                  r['cpu_seconds'] / by['fp32_allreduce']['cpu_seconds']))
 
 
 def summarize(paths):
@@ -330,8 +361,8 @@ def summarize(paths):
     print('| P | buffer | elements | FP32 Allreduce [s] | FP16 Allreduce | '
           'FP16 ring | APS emulated | APS wire 8-bit | APS wire 4-bit | '
           'wire 8-bit bytes / FP32 | wire 8-bit / emulated | '
-          'wire 8-bit / FP32 |')
-    print('|' + '---|' * 12)
+          'wire 8-bit / FP32 | CPU: wire 8-bit / FP32 |')
+    print('|' + '---|' * 13)
     for path in paths:
         with open(path) as f:
             records = json.load(f)['records']
@@ -341,12 +372,127 @@ def summarize(paths):
                             {})[r['method']] = r
         for (p, label, n), by in rows.items():
             w8, f32 = by['aps_wire_8bit'], by['fp32_allreduce']
-            print('| {} | {} | {} | {} | {:.4f} | {:.2f}x | {:.2f}x |'.format(
-                p, label, n, ' | '.join(
-                    '{:.4f}'.format(by[m]['seconds']) for m, _ in METHODS),
-                w8['bytes_per_element'] / f32['bytes_per_element'],
-                w8['seconds'] / by['aps_emulated']['seconds'],
-                w8['seconds'] / f32['seconds']))
+            print('| {} | {} | {} | {} | {:.4f} | {:.2f}x | {:.2f}x | '
+                  '{:.2f}x |'.format(
+                      p, label, n, ' | '.join(
+                          '{:.4f}'.format(by[m]['seconds'])
+                          for m, _ in METHODS),
+                      w8['bytes_per_element'] / f32['bytes_per_element'],
+                      w8['seconds'] / by['aps_emulated']['seconds'],
+                      w8['seconds'] / f32['seconds'],
+                      w8['cpu_seconds'] / f32['cpu_seconds']))
+
+
+def codec_seconds(rec, p):
+    """The wire mode's local time at ``p`` ranks from one record at
+    ``rec['ranks']``: everything but MPI (``seconds − seconds_comm``), the
+    hops scaled by (p − 1)/p ÷ (P − 1)/P (each rank adds (P − 1)/P of the
+    elements), the rest (exponents, encoding, decoding, the mean) as
+    measured (it is per element of the whole buffer, whatever P)."""
+    P = rec['ranks']
+    local = rec['seconds'] - rec['seconds_comm']
+    hop = rec['seconds_hop']
+    return local - hop + hop * ((p - 1.0) / p) / ((P - 1.0) / P)
+
+
+def break_even(paths, targets=(8, 64)):
+    """A Markdown table: per record of the 8-bit wire mode with a model
+    buffer, the link bandwidth below which it beats FP32 averaging at
+    ``targets`` ranks (:func:`~ada_loss.communication.cost.
+    break_even_bandwidth`): from its local wall time (everything but MPI,
+    the hops rescaled to P ranks; on a loaded machine this includes time
+    off the CPU: a low bound), and from its extra CPU seconds over FP32's
+    ``Allreduce`` at the measured P (both include their shared-memory
+    copies)."""
+    from ada_loss.communication.cost import break_even_bandwidth
+    print('\n| measured at P | buffer | local time of the 8-bit wire mode '
+          '(wall − MPI) [s] | P | modelled local time [s] | break-even '
+          'bandwidth per link [Gbit/s] | CPU: wire − FP32 [s] | break-even '
+          'from CPU [Gbit/s] |')
+    print('|' + '---|' * 8)
+    for path in paths:
+        with open(path) as f:
+            records = json.load(f)['records']
+        fp32 = {(r['ranks'], r['buffer']): r for r in records
+                if r['method'] == 'fp32_allreduce'}
+        for r in records:
+            if r['method'] != 'aps_wire_8bit' or r['buffer'].startswith('2^'):
+                continue
+            n, L = r['elements'], r['layers']
+            sizes = [n - (L - 1)] + [1] * (L - 1)
+            local = r['seconds'] - r['seconds_comm']
+            extra_cpu = r['cpu_seconds'] - fp32[(r['ranks'], r['buffer'])][
+                'cpu_seconds']
+            for p in targets:
+                c = codec_seconds(r, p)
+                bw = break_even_bandwidth(sizes, 'fp8_e5m2', p, c)
+                bw_cpu = break_even_bandwidth(sizes, 'fp8_e5m2', p,
+                                              extra_cpu)
+                print('| {} | {} | {:.4f} | {} | {:.4f} | {:.1f} | {:.4f} | '
+                      '{:.1f} |'.format(r['ranks'], r['buffer'], local, p, c,
+                                        bw * 8 / 1e9, extra_cpu,
+                                        bw_cpu * 8 / 1e9))
+
+
+def codec(args):
+    """``--codec``: nanoseconds per value of the wire codec's steps in one
+    process (``time.process_time``, best of ``--repeats``), on ``2^a``
+    normal values (``--sweep``'s a) × 1e-3, 8-bit fp8_e5m2 and 4-bit e3m0:
+    the old route (``quantize`` + encode table) and ml_dtypes' cast beside
+    the fast path's rounding by table, plain and with APS's shift."""
+    from ada_loss.communication.allreduce import scale_layer
+    from ada_loss.communication.codes import WireCodec
+    from ada_loss.communication.wire import _CodePart
+    n = 1 << args.sweep[0]
+    x = numpy.random.RandomState(0).standard_normal(n).astype(
+        numpy.float32) * numpy.float32(1e-3)
+    print('codec steps, ns per value, {} values, best of {}'.format(
+        n, args.repeats))
+
+    def best(fn):
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.process_time()
+            fn()
+            times.append(time.process_time() - t0)
+        return min(times) / n * 1e9
+
+    for name in ('fp8_e5m2', 'e3m0'):
+        c = WireCodec(name)
+        f = c.format
+        c.round_encode(x[:16])
+        rows = [('quantize + encode (old route)',
+                 lambda: c.encode(f.quantize(x))),
+                ('x * 2^e, quantize + encode (old route)',
+                 lambda: c.encode(f.quantize(
+                     scale_layer(x, 20, numpy.empty_like(x)))))]
+        if f.ml_dtype is not None:
+            rows.append(('ml_dtypes astype (encode only)',
+                         lambda: x.astype(f.ml_dtype)))
+        part = _CodePart(c, False, n, x, [(0, n, 20)])
+        plain = _CodePart(c, False, n, x, [])
+        codes = part.own_wire(0, n)
+        other = plain.own_wire(0, n)
+        out = numpy.empty(n, numpy.float32)
+        rows += [('round by table (fast path)',
+                  lambda: plain.own_wire(0, n)),
+                 ('x * 2^e rounded by shifted table (fast path)',
+                  lambda: part.own_wire(0, n)),
+                 ('hop: own value rounded + one ⊕ lookup',
+                  lambda: part.hop(0, n, other.copy(), None)),
+                 ('decode', lambda: c.decode(codes, n, out))]
+        if c.kind == 'byte':
+            rows.append(('old decode (one value per lookup)',
+                         lambda: numpy.take(c.decode_table, codes, out=out)))
+        print('\n{} ({} bits):'.format(name, c.bits))
+        for label, fn in rows:
+            print('  {:46s} {:6.2f}'.format(label, best(fn)))
+    y = numpy.empty_like(x)
+    print('\nfor scale: one float32 multiply pass {:.2f}, max/min reduceat '
+          '{:.2f}'.format(best(lambda: numpy.multiply(x, numpy.float32(2),
+                                                      out=y)),
+                          best(lambda: numpy.maximum.reduceat(
+                              x, numpy.arange(0, n, n // 161)))))
 
 
 def main():
@@ -368,16 +514,24 @@ def main():
                    '(memory: the emulated mode gathers P copies)')
     p.add_argument('--json', help='--mpi: write the records here')
     p.add_argument('--mpi', action='store_true')
+    p.add_argument('--codec', action='store_true',
+                   help='time the codec steps in one process (2^a values, '
+                   'a from --sweep)')
     p.add_argument('--summarize', nargs='+', metavar='JSON',
                    help='print a Markdown table of --json files and exit')
     args = p.parse_args()
     if args.summarize:
         summarize(args.summarize)
+        break_even(args.summarize)
         return
     args.models = [m for m in args.models.split(',') if m]
     args.sweep = [int(v) for v in args.sweep.split(',')]
     args.max_log2 = dict(tuple(int(v) for v in item.split(':'))
                          for item in args.max_log2.split(',') if item)
+    if args.codec:
+        B.print_machine_info()
+        codec(args)
+        return
     if args.mpi:
         from mpi4py import MPI
         if MPI.COMM_WORLD.rank == 0:

@@ -47,6 +47,17 @@ def scale_pow2(x, exps):
     return numpy.ldexp(x, exps).astype(_F32, copy=False)
 
 
+def scale_layer(x, e, out):
+    """``out = x · 2^e`` (scalar ``e``) in float32, bit for bit
+    :func:`scale_pow2` with ``e`` everywhere: one multiplication by the
+    power of two where it is a float32 (−126 ≤ e ≤ 127), else ``ldexp``
+    (both correctly rounded)."""
+    if -126 <= e <= 127:
+        return numpy.multiply(x, _F32(2.0 ** e), out=out)
+    out[...] = numpy.ldexp(x, numpy.int32(e)).astype(_F32, copy=False)
+    return out
+
+
 class StepReduction(object):
     """The plan of one step's reduction: which elements go in the format.
 
@@ -99,9 +110,9 @@ class StepReduction(object):
                                         self.n_workers).max(axis=0)
 
     # -- 2./3. shift and cast ---------------------------------------------
-    def shifts(self, global_max_exps):
-        """Per element ``factor_exp`` (int32; 0 for FP32 layers) and the
-        per-element mask of layers reported non-finite."""
+    def layer_shifts(self, global_max_exps):
+        """Per layer ``factor_exp`` (int32; 0 for FP32 layers) and whether
+        the layer was reported non-finite."""
         layer_shift = numpy.zeros(len(self.sizes), numpy.int32)
         bad = numpy.zeros(len(self.sizes), bool)
         if self.uses_exponents:
@@ -110,6 +121,12 @@ class StepReduction(object):
             layer_shift[idx] = X.shift_exponents(codes, self.policy.format,
                                                   self.n_workers)
             bad[idx] = codes == X.NONFINITE
+        return layer_shift, bad
+
+    def shifts(self, global_max_exps):
+        """Per element ``factor_exp`` (int32; 0 for FP32 layers) and the
+        per-element mask of layers reported non-finite."""
+        layer_shift, bad = self.layer_shifts(global_max_exps)
         return (numpy.repeat(layer_shift, self.sizes),
                 numpy.repeat(bad, self.sizes))
 
@@ -164,6 +181,30 @@ class StepReduction(object):
             total = scale_pow2(total, -shift)
         if nonfinite is not None and nonfinite.any():
             total[nonfinite] = numpy.nan
+        return total
+
+    def finish_layers(self, total, layer_shift, layer_bad):
+        """:meth:`finish` with the shifts per layer (:meth:`layer_shifts`),
+        bit for bit: the same two roundings (× 1/p, then × 2^−shift), one
+        layer at a time with a scalar factor, no per-element arrays."""
+        return self.finish_range(total, 0, self.size, layer_shift,
+                                 layer_bad)
+
+    def finish_range(self, total, a, b, layer_shift, layer_bad):
+        """:meth:`finish_layers` of the elements [a, b) of ``total`` only
+        (the wire mode finishes each block as it decodes it)."""
+        total[a:b] *= _F32(1.0 / self.n_workers)
+        ends = self.offsets[1:]
+        i = int(numpy.searchsorted(ends, a, 'right'))
+        while i < len(self.sizes) and self.offsets[i] < b:
+            lo, hi = max(int(self.offsets[i]), a), min(int(ends[i]), b)
+            if lo < hi:
+                if layer_bad[i]:
+                    total[lo:hi] = numpy.nan
+                elif self.uses_exponents and layer_shift[i]:
+                    seg = total[lo:hi]
+                    scale_layer(seg, -int(layer_shift[i]), seg)
+            i += 1
         return total
 
     # -- everything at once (one process holds all workers) -----------------

@@ -70,3 +70,26 @@ def cost_rows(sizes, formats, workers, group_sizes=(), fp32_mask=None):
                         row['steps_k{}'.format(k)] = hierarchical_steps(p, k)
                 rows.append(row)
     return rows
+
+
+def ring_bytes_saved(sizes, fmt, p, aps=True, fp32_mask=None):
+    """Bytes one rank sends less per step than FP32 averaging, both as a
+    ring all-reduce over ``p`` ranks (2(p − 1)/p of each message; the
+    exponent message included)."""
+    e32, b32 = message_bytes(sizes, 'float32', aps=False)
+    e, b = message_bytes(sizes, fmt, aps, fp32_mask)
+    return 2.0 * (p - 1) / p * ((e32 + b32) - (e + b))
+
+
+def break_even_bandwidth(sizes, fmt, p, codec_seconds, fp32_seconds=0.0,
+                         aps=True, fp32_mask=None):
+    """The link bandwidth (bytes/s per link) below which the low-precision
+    all-reduce is faster than FP32 averaging: the ring's byte saving
+    (:func:`ring_bytes_saved`) divided by the extra local time of the codes
+    (``codec_seconds`` per step, the encoding, the hops' ⊕ and decoding,
+    less ``fp32_seconds``, FP32's own local additions). Both rings take
+    the same 2(p − 1) steps, so latency cancels. ``inf`` when the codes
+    cost no extra time."""
+    extra = float(codec_seconds) - float(fp32_seconds)
+    saved = ring_bytes_saved(sizes, fmt, p, aps, fp32_mask)
+    return float('inf') if extra <= 0 else saved / extra

@@ -102,7 +102,8 @@ def codes_of_max(tops, world_size):
 
 def _segment_tops(buffers, segments):
     """max |x| of each segment of each row: ``(rows, len(segments))``
-    float64 (0 for an empty segment); one ``maximum.reduceat``."""
+    float64 (0 for an empty segment); one ``maximum.reduceat`` and one
+    ``minimum.reduceat`` over the buffer, for all layers at once."""
     buffers = numpy.atleast_2d(buffers)
     tops = numpy.zeros((buffers.shape[0], len(segments)), numpy.float64)
     nonempty = [i for i, (_, size) in enumerate(segments) if size]
@@ -114,11 +115,15 @@ def _segment_tops(buffers, segments):
             bounds += [segments[i][0], segments[i][0] + segments[i][1]]
         if bounds[-1] == buffers.shape[1]:
             bounds.pop()
+        # max |x| = max(max x, −min x): two reading passes, no |x| array;
+        # a NaN propagates through both (maximum/minimum keep NaN)
+        bounds = numpy.array(bounds, numpy.intp)
         with numpy.errstate(invalid='ignore'):
-            red = numpy.maximum.reduceat(numpy.abs(buffers),
-                                         numpy.array(bounds, numpy.intp),
-                                         axis=1)
-        tops[:, nonempty] = red[:, 0::2]
+            high = numpy.maximum.reduceat(buffers, bounds, axis=1)
+            low = numpy.minimum.reduceat(buffers, bounds, axis=1)
+            red = numpy.maximum(high[:, 0::2].astype(numpy.float64),
+                                -low[:, 0::2].astype(numpy.float64))
+        tops[:, nonempty] = red
     return tops
 
 

@@ -8,7 +8,8 @@ stated order; here each rank only ever sends codes
 5–8 bits, half a byte for ≤ 4 bits) and every addition happens on the rank
 where the emulation's order puts it:
 
-``ring`` — reduce-scatter of ``p − 1`` ``Sendrecv`` steps, then all-gather.
+``ring`` — reduce-scatter of ``p − 1`` ``Sendrecv`` steps, then all-gather
+    (one ``Allgatherv``).
     The elements are cut into p chunks exactly as the emulation's ring
     (chunk j = ``[j·n//p, (j+1)·n//p)``). At step s (0 ≤ s ≤ p − 2) rank r
     sends chunk ``(r − 1 − s) mod p`` to rank r + 1 and receives chunk
@@ -16,9 +17,9 @@ where the emulation's order puts it:
     with the emulation's ⊕ (:class:`~.summation.Accumulator`: FP32 add,
     round to the format; Kahan's four rounded operations) and re-encodes
     it. So chunk j starts at rank j + 1 and ends at rank j, which adds the
-    last value — the emulation's ring order, unchanged. Then p − 1
-    ``Sendrecv`` steps pass the finished chunks' codes around the ring
-    (copies: no arithmetic).
+    last value — the emulation's ring order, unchanged. Then one
+    ``Allgatherv`` gathers the finished chunks' codes (copies: no
+    arithmetic; MPI picks its algorithm, a ring's bytes are below).
 
 ``hierarchical`` (groups of k, ``comm.Split``) — each member ``Send``s its
     codes to its group's leader (the group's first rank), which receives
@@ -45,10 +46,31 @@ packed; exact per chunk, ragged chunks included):
   every later ⊕, so its positions are all the emulation's result needs).
 
 The mean is then :meth:`StepReduction.finish` (× 1/p, unshift, non-finite
-layers → NaN), as in the emulation.
+layers → NaN), as in the emulation (``finish_range``: the same roundings,
+block by block right after decoding).
+
+Two implementations of the parts, one result:
+
+*fast path* (:class:`_CodePart`; formats of at most 8 bits, unless NaN
+    positions must be tracked): this rank's values are shifted
+    (``x · 2^shift`` per layer, as ``scale_pow2`` rounds it), rounded and
+    encoded in one table lookup (the shift folded into the table:
+    :meth:`~.codes.WireCodec.shift_table`), block by block as the ring
+    needs each chunk, never stored as float32 payloads; a hop is
+    one lookup per byte in the format's ⊕ table (four with Kahan:
+    ``y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y)``), in place in the
+    received message, which is then sent on as it is; the end decodes
+    pairs of codes per lookup and finishes the mean of each block while it
+    is in cache. The messages live in buffers kept from call to call.
+*value path* (:class:`_ValuePart`): FP32 layers, 16-bit formats, and
+    formats without a NaN code when APS is off (their NaN positions are
+    tracked at each encoding): decode, ``Accumulator.add``, encode, as
+    before.
 """
 import numpy
 
+from ada_loss.communication.allreduce import scale_layer
+from ada_loss.communication import codes as _codes
 from ada_loss.communication.codes import codec_for
 from ada_loss.communication.summation import Accumulator
 from ada_loss.formats import get_format
@@ -62,9 +84,205 @@ def _starts(n, g):
     return (numpy.arange(g + 1, dtype=numpy.int64) * n) // g
 
 
-class _Part(object):
-    """One group of elements reduced together: the low-precision layers
-    (the format, maybe Kahan) or the FP32 layers (exact sums)."""
+def _join(pieces):
+    """One message from its fields: no copy when they already lie one after
+    the other in one buffer (the fields of the message just received)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    base = pieces[0].base if pieces[0].base is not None else pieces[0]
+    at = pieces[0].__array_interface__['data'][0]
+    for piece in pieces:
+        if piece.base is not base or \
+                piece.__array_interface__['data'][0] != at:
+            return numpy.concatenate(pieces)
+        at += piece.nbytes
+    start = pieces[0].__array_interface__['data'][0] - \
+        base.__array_interface__['data'][0]
+    return base[start:start + sum(piece.size for piece in pieces)]
+
+
+class _CodePart(object):
+    """Low-precision layers of a format of at most 8 bits, reduced in its
+    codes (module docstring, *fast path*): this rank's values are shifted,
+    rounded and encoded in one table lookup each (the layer's
+    :meth:`~.codes.WireCodec.shift_table`), block by block as the ring
+    needs them; a hop is one table lookup per byte
+    (:meth:`~.codes.WireCodec.pair_block`), four with Kahan's
+    compensation. Or, for the leaders' ring of the hierarchical order: the
+    group sum's codes (``codes``, unpacked)."""
+
+    def __init__(self, codec, kahan, n, x=None, segments=(), codes=None):
+        self.codec = codec
+        self.kahan = kahan
+        self.n = n
+        self.x = x
+        # (start, end, shift) in x, sorted; shift 0: unshifted
+        self.segments = [seg for seg in segments if seg[2]]
+        self.seg_ends = numpy.array([seg[1] for seg in self.segments],
+                                    numpy.int64)
+        self.codes = codes
+        self.nan = None
+        self._y = None
+
+    def _own_block(self, a, b, out=None):
+        """This rank's unpacked codes of elements [a, b) (b − a ≤ BLOCK),
+        into ``out`` or a work array."""
+        if out is None:
+            out = _codes_scratch(0)[:b - a]
+        if self.codes is not None:
+            out[...] = self.codes[a:b]
+            return out
+        codec, x = self.codec, self.x[a:b]
+        key = codec.key_block(x)
+        i = int(numpy.searchsorted(self.seg_ends, a, 'right'))
+        at = a
+        while at < b:
+            # the next piece: a gap (shift 0) or a shifted layer
+            if i < len(self.segments) and self.segments[i][0] < b:
+                lo, hi, e = self.segments[i]
+                lo, hi = max(lo, a), min(hi, b)
+            else:
+                lo = hi = b
+                e = 0
+            if at < lo:
+                codec.shift_table(0).take(key[at - a:lo - a],
+                                         out=out[at - a:lo - a])
+            if lo < hi:
+                piece = slice(lo - a, hi - a)
+                if codec.folds(e):
+                    # x · 2^e rounded in one lookup of the shifted table
+                    codec.shift_table(e).take(key[piece], out=out[piece])
+                else:
+                    self._multiplied(x[piece], e, out[piece])
+            at = hi
+            i += 1
+        return out
+
+    def _multiplied(self, x, e, out):
+        """Codes of ``quantize(x · 2^e)`` for a shift the tables do not fold
+        (tiny layers): the product first, as ``scale_pow2`` rounds it."""
+        if self._y is None or self._y.size != _codes.BLOCK:
+            self._y = numpy.empty(_codes.BLOCK, _F32)
+            self._idx = numpy.empty(_codes.BLOCK, numpy.intp)
+        y = scale_layer(x, e, self._y[:x.size])
+        key = self.codec.key_block(y, self._idx)
+        self.codec.shift_table(0).take(key, out=out)
+
+    def _blocks(self, a, b):
+        """[i, j) blocks of [a, b) and their byte offsets from a."""
+        nib = self.codec.kind == 'nibble'
+        block = _codes.BLOCK
+        for i in range(a, b, block):
+            j = min(i + block, b)
+            o = (i - a) // 2 if nib else i - a
+            yield i, j, o, o + self.codec.nbytes(j - i)
+
+    def own_wire(self, a, b, out=None):
+        """Wire bytes of this rank's values [a, b) (into ``out``)."""
+        if out is None:
+            out = numpy.empty(self.codec.nbytes(b - a), _U8)
+        for i, j, o, e in self._blocks(a, b):
+            if self.codec.kind == 'nibble':
+                self.codec.pack(self._own_block(i, j), out[o:e])
+            else:
+                self._own_block(i, j, out[o:e])
+        return out
+
+    def hop(self, a, b, s, c):
+        """Adds this rank's values [a, b) to the received partial sum
+        ``s`` (and compensation ``c``, None at the first step), in place."""
+        codec = self.codec
+        if self.kahan and c is None:
+            c = numpy.zeros_like(s)
+        for i, j, o, e in self._blocks(a, b):
+            own = codec.pack(self._own_block(i, j), _codes_scratch(1)[:e - o])
+            si = s[o:e]
+            if not self.kahan:
+                codec.pair_block('add', si, own, si)
+                continue
+            # Accumulator: y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y)
+            ci = c[o:e]
+            y = codec.pair_block('sub', own, ci, _codes_scratch(2)[:e - o])
+            t = codec.pair_block('add', si, y, _codes_scratch(3)[:e - o])
+            codec.pair_block('sub', t, si, si)
+            codec.pair_block('sub', si, y, ci)
+            si[...] = t
+        self.state = (s, c)
+
+    def state_wire(self, with_c):
+        s, c = self.state
+        return [s, c] if with_c else [s]
+
+    def group_sum(self, messages):
+        """The hierarchical leader: this rank's values ⊕ each member's
+        (``messages``: wire bytes of all n values, in rank order), as a
+        part whose own codes are the group sum."""
+        s = self.own_wire(0, self.n)
+        self.state = (s, None)
+        for data in messages:
+            self.hop_codes(s, data)
+        s = self.state[0]
+        codes = s if self.codec.kind != 'nibble' else _unpack(s, self.n)
+        return _CodePart(self.codec, self.kahan, self.n, codes=codes)
+
+    def hop_codes(self, s, x):
+        """``s ⊕ x`` for wire bytes of all n values (state kept)."""
+        codec = self.codec
+        c = self.state[1]
+        if self.kahan and c is None:
+            c = numpy.zeros_like(s)
+        block = _codes.BLOCK
+        for o in range(0, s.size, block):
+            e = min(o + block, s.size)
+            si, xi = s[o:e], x[o:e]
+            if not self.kahan:
+                codec.pair_block('add', si, xi, si)
+                continue
+            ci = c[o:e]
+            y = codec.pair_block('sub', xi, ci, _codes_scratch(2)[:e - o])
+            t = codec.pair_block('add', si, y, _codes_scratch(3)[:e - o])
+            codec.pair_block('sub', t, si, si)
+            codec.pair_block('sub', si, y, ci)
+            si[...] = t
+        self.state = (s, c)
+
+
+_CODE_SCRATCH = []
+_WORK = {}
+
+
+def _work(name, size):
+    """A byte buffer of this process kept from call to call (the messages
+    of the ring: no fresh pages to fault in at every step), at least
+    ``size`` bytes; grows when a larger one is asked for."""
+    buf = _WORK.get(name)
+    if buf is None or buf.size < size:
+        buf = _WORK[name] = numpy.empty(size, _U8)
+    return buf[:size]
+
+
+def _codes_scratch(k):
+    """The k-th ``uint8`` work array of BLOCK bytes of this process."""
+    if _CODE_SCRATCH and _CODE_SCRATCH[0].size != _codes.BLOCK:
+        del _CODE_SCRATCH[:]
+    while len(_CODE_SCRATCH) <= k:
+        _CODE_SCRATCH.append(numpy.empty(_codes.BLOCK, _U8))
+    return _CODE_SCRATCH[k]
+
+
+def _unpack(data, n):
+    out = numpy.empty(2 * data.size, _U8)
+    numpy.bitwise_and(data, _U8(15), out=out[0::2])
+    numpy.right_shift(data, _U8(4), out=out[1::2])
+    return out[:n]
+
+
+class _ValuePart(object):
+    """Layers reduced from float32 values as the emulation stores them
+    (module docstring, *value path*): FP32 layers (exact sums), the 16-bit
+    formats, and formats without a NaN code where NaN positions are
+    tracked (no APS). Each hop decodes, adds with the
+    :class:`~.summation.Accumulator` and re-encodes."""
 
     def __init__(self, values, fmt, kahan, track_nan):
         self.values = values
@@ -77,13 +295,105 @@ class _Part(object):
         self.nan = numpy.zeros(self.n, bool) \
             if track_nan and not self.codec.has_nan else None
 
-    def encode(self, values, start):
+    def _encode(self, values, start):
         if self.nan is not None:
             self.nan[start:start + values.size] |= numpy.isnan(values)
         return self.codec.encode(values)
 
-    def accumulator(self, s, c):
-        return Accumulator(s, self.fmt, self.kahan, c, copy=False)
+    def own_wire(self, a, b, out=None):
+        return self._encode(self.values[a:b], a)
+
+    def hop(self, a, b, s, c):
+        n = b - a
+        s = self.codec.decode(s, n)
+        if self.kahan:
+            c = numpy.zeros(n, _F32) if c is None else \
+                self.codec.decode(c, n)
+        acc = Accumulator(s, self.fmt, self.kahan, c, copy=False)
+        acc.add(self.values[a:b])
+        self.state = (acc.s, acc.c, a)
+
+    def state_wire(self, with_c):
+        s, c, a = self.state
+        out = [self._encode(s, a)]
+        if with_c:
+            out.append(self._encode(c, a))
+        return out
+
+    def group_sum(self, messages):
+        acc = Accumulator(self.values.copy(), self.fmt, self.kahan, None)
+        for data in messages:
+            acc.add(self.codec.decode(data, self.n))
+        total = _ValuePart(acc.s, self.fmt, self.kahan, self.nan is not None)
+        total.parent = self
+        return total
+
+
+def _layout(parts, g):
+    """Bytes of chunk j of each part (``sizes[j][i]``) for g chunks."""
+    starts = [_starts(part.n, g) for part in parts]
+    return starts, [[part.codec.nbytes(int(st[j + 1] - st[j]))
+                     for part, st in zip(parts, starts)] for j in range(g)]
+
+
+def _ring(comm, parts):
+    """Ring reduce-scatter (``Sendrecv`` steps) and all-gather
+    (``Allgatherv``) of every part over ``comm``; returns the gathered
+    bytes (chunk-major: chunk j of every part, in part order) and their
+    layout (:func:`_layout`)."""
+    from mpi4py import MPI
+    g, r = comm.Get_size(), comm.Get_rank()
+    starts, sizes = _layout(parts, g)
+
+    def bounds(i, j):
+        return int(starts[i][j]), int(starts[i][j + 1])
+
+    right, left = (r + 1) % g, (r - 1) % g
+    for step in range(g - 1):
+        out_j, in_j = (r - 1 - step) % g, (r - 2 - step) % g
+        pieces, in_sizes = [], []
+        for i, part in enumerate(parts):
+            if step == 0:
+                a, b = bounds(i, out_j)
+                out = _work('own' if i == 0 else 'own%d' % i,
+                            part.codec.nbytes(b - a))
+                pieces.append(part.own_wire(a, b, out))
+            else:
+                # c = 0 at the first step: not sent
+                pieces += part.state_wire(part.kahan)
+            in_sizes.append(sizes[in_j][i])
+            if part.kahan and step:
+                in_sizes.append(sizes[in_j][i])
+        send = _join(pieces)
+        # two message buffers in turn: one is sent on while the other fills
+        recv = _work('recv%d' % (step % 2), sum(in_sizes))
+        comm.Sendrecv(send, dest=right, recvbuf=recv, source=left)
+        fields = _split_message(recv, in_sizes)
+        at = 0
+        for i, part in enumerate(parts):
+            s, c = fields[at], None
+            at += 1
+            if part.kahan and step:
+                c = fields[at]
+                at += 1
+            part.hop(*bounds(i, in_j), s, c)
+    # rank r now holds chunk r's sum: gather every rank's chunk
+    if g == 1:
+        mine = [part.own_wire(*bounds(i, 0)) for i, part in
+                enumerate(parts)]
+    else:
+        mine = [part.state_wire(False)[0] for part in parts]
+    counts = [sum(row) for row in sizes]
+    displs = numpy.concatenate([[0], numpy.cumsum(counts)]).astype(int)
+    total = int(displs[-1])
+    gathered = _work('gathered', total)
+    if g == 1:
+        gathered[...] = _join(mine) if total else gathered
+    else:
+        comm.Allgatherv(_join(mine), [gathered, counts,
+                                      [int(d) for d in displs[:-1]],
+                                      MPI.BYTE])
+    return gathered, starts, sizes
 
 
 def _split_message(data, sizes):
@@ -94,123 +404,54 @@ def _split_message(data, sizes):
     return out
 
 
-def _ring(comm, parts):
-    """Ring reduce-scatter + all-gather of every part's ``values`` over
-    ``comm``; returns, per part, the list of the p chunks' codes."""
-    g, r = comm.Get_size(), comm.Get_rank()
-    starts = [_starts(part.n, g) for part in parts]
-
-    def length(i, j):
-        return int(starts[i][j + 1] - starts[i][j])
-
-    def chunk(i, j):
-        return slice(int(starts[i][j]), int(starts[i][j + 1]))
-
-    right, left = (r + 1) % g, (r - 1) % g
-    sums = [None] * len(parts)     # the partial sums this rank holds
-    comps = [None] * len(parts)
-    for step in range(g - 1):
-        out_j, in_j = (r - 1 - step) % g, (r - 2 - step) % g
-        pieces, in_sizes = [], []
+def _decode(parts, data, starts, sizes, outs, finish=None):
+    """Each part's values from the gathered chunk-major bytes ``data``;
+    ``finish(a, b)`` (one part) after each block [a, b) is decoded, while
+    it is in cache."""
+    at = 0
+    block = _codes.BLOCK
+    for j, row in enumerate(sizes):
         for i, part in enumerate(parts):
-            s = part.values[chunk(i, out_j)] if step == 0 else sums[i]
-            pieces.append(part.encode(s, int(starts[i][out_j])))
-            in_sizes.append(part.codec.nbytes(length(i, in_j)))
-            if part.kahan and step:
-                # c = 0 at the first step: not sent
-                pieces.append(part.encode(comps[i], int(starts[i][out_j])))
-                in_sizes.append(in_sizes[-1])
-        # one message per step (a copy only when it has several fields)
-        send = pieces[0] if len(pieces) == 1 else numpy.concatenate(pieces)
-        recv = numpy.empty(sum(in_sizes), _U8)
-        comm.Sendrecv(send, dest=right, recvbuf=recv, source=left)
-        fields = _split_message(recv, in_sizes)
-        at = 0
-        for i, part in enumerate(parts):
-            n_in = length(i, in_j)
-            s = part.codec.decode(fields[at], n_in)
-            at += 1
-            c = None
-            if part.kahan and step:
-                c = part.codec.decode(fields[at], n_in)
-                at += 1
-            elif part.kahan:
-                c = numpy.zeros(n_in, _F32)
-            acc = part.accumulator(s, c)
-            acc.add(part.values[chunk(i, in_j)])
-            sums[i], comps[i] = acc.s, acc.c
-    # rank r now holds chunk r's sum; all-gather the codes
-    codes = []
-    for i, part in enumerate(parts):
-        mine = part.values[chunk(i, r)] if g == 1 else sums[i]
-        codes.append([None] * g)
-        codes[i][r] = part.encode(mine, int(starts[i][r]))
-    for step in range(g - 1):
-        out_j, in_j = (r - step) % g, (r - 1 - step) % g
-        send = codes[0][out_j] if len(parts) == 1 else numpy.concatenate(
-            [codes[i][out_j] for i in range(len(parts))])
-        sizes = [part.codec.nbytes(length(i, in_j))
-                 for i, part in enumerate(parts)]
-        recv = numpy.empty(sum(sizes), _U8)
-        comm.Sendrecv(send, dest=right, recvbuf=recv, source=left)
-        for i, data in enumerate(_split_message(recv, sizes)):
-            codes[i][in_j] = data
-    return codes
+            a, b = int(starts[i][j]), int(starts[i][j + 1])
+            codec, chunk = part.codec, data[at:at + row[i]]
+            at += row[i]
+            if finish is None:
+                codec.decode(chunk, b - a, outs[i][a:b])
+                continue
+            for lo in range(a, b, block):
+                hi = min(lo + block, b)
+                o = codec.nbytes(lo - a)
+                codec.decode(chunk[o:o + codec.nbytes(hi - lo)], hi - lo,
+                             outs[i][lo:hi])
+                finish(lo, hi)
 
 
-def _decode_chunks(part, chunk_codes):
-    g = len(chunk_codes)
-    starts = _starts(part.n, g)
-    out = numpy.empty(part.n, _F32)
-    for j in range(g):
-        part.codec.decode(chunk_codes[j], int(starts[j + 1] - starts[j]),
-                          out[starts[j]:starts[j + 1]])
-    return out
-
-
-def _hierarchical(groups, parts, n_workers):
+def _hierarchical(groups, parts, n_workers, outs, finish=None):
     """Reduce to the group leader in rank order, ring among the leaders,
-    broadcast; returns, per part, its summed values."""
+    broadcast; decodes each part's sum into ``outs``."""
     group, leaders = groups
     k, member = group.Get_size(), group.Get_rank()
+    n_leaders = n_workers // k
     if member:
-        group.Send(numpy.concatenate([part.encode(part.values, 0)
-                                      for part in parts]), dest=0)
+        group.Send(_join([part.own_wire(0, part.n) for part in parts]),
+                   dest=0)
+        starts, sizes = _layout(parts, n_leaders)
+        data = _work('gathered', sum(sum(row) for row in sizes))
     else:
-        accs = [part.accumulator(part.values.copy(), None) for part in parts]
-        sizes = [part.codec.nbytes(part.n) for part in parts]
-        recv = numpy.empty(sum(sizes), _U8)
+        own = [part.codec.nbytes(part.n) for part in parts]
+        messages = [[] for _ in parts]
         for src in range(1, k):
+            recv = numpy.empty(sum(own), _U8)
             group.Recv(recv, source=src)
-            for part, acc, data in zip(parts, accs,
-                                       _split_message(recv, sizes)):
-                acc.add(part.codec.decode(data, part.n))
-        sums = [_Part(acc.s, part.fmt, part.kahan, part.nan is not None)
-                for part, acc in zip(parts, accs)]
-        codes = _ring(leaders, sums)
+            for i, field in enumerate(_split_message(recv, own)):
+                messages[i].append(field)
+        sums = [part.group_sum(msgs) for part, msgs in zip(parts, messages)]
+        data, starts, sizes = _ring(leaders, sums)
         for part, total in zip(parts, sums):
             if total.nan is not None:
                 part.nan |= total.nan
-    n_leaders = n_workers // k
-    layout = [[part.codec.nbytes(int(b - a)) for a, b in zip(
-        _starts(part.n, n_leaders)[:-1], _starts(part.n, n_leaders)[1:])]
-        for part in parts]
-    total_bytes = sum(sum(sizes) for sizes in layout)
-    if member:
-        data = numpy.empty(total_bytes, _U8)
-    else:
-        data = numpy.concatenate([c for per in codes for c in per]) \
-            if total_bytes else numpy.empty(0, _U8)
     group.Bcast(data, root=0)
-    out, at = [], 0
-    for part, sizes in zip(parts, layout):
-        chunk_codes = []
-        for size in sizes:
-            chunk_codes.append(data[at:at + size])
-            at += size
-        out.append(_decode_chunks(part, chunk_codes))
-    return out
-
+    _decode(parts, data, starts, sizes, outs, finish)
 
 
 def split_groups(comm, group_size):
@@ -234,15 +475,19 @@ def wire_mean(comm, plan, buffer, groups=None):
 
     Args:
         comm: an mpi4py communicator (or any object with its buffer
-            methods: ``Allreduce``, ``Sendrecv``, ``Send``, ``Recv``,
-            ``Bcast``, ``Get_rank``, ``Get_size``).
+            methods: ``Allreduce``, ``Sendrecv``, ``Allgatherv``, ``Send``,
+            ``Recv``, ``Bcast``, ``Get_rank``, ``Get_size``).
         plan (StepReduction): for ``comm``'s size.
         buffer (numpy.ndarray): float32, ``plan.size`` elements.
         groups: ``split_groups(comm, k)`` for the hierarchical order.
 
     Returns:
         ``(mean, agreed)``: the float32 mean (the same on every rank, bit
-        for bit the emulation's) and the agreed exponent codes.
+        for bit the emulation's; a new array) and the agreed exponent
+        codes.
+
+    The work arrays and message buffers are the process's, kept between
+    calls: one call at a time per process (as ChainerMN makes them).
     """
     from mpi4py import MPI
     p = comm.Get_size()
@@ -254,39 +499,65 @@ def wire_mean(comm, plan, buffer, groups=None):
     agreed = numpy.empty_like(local)
     if plan.uses_exponents:
         comm.Allreduce(local, agreed, op=MPI.MAX)
-    shift, bad = plan.shifts(agreed)
-    payload = plan.encode(buffer, shift)
     pol = plan.policy
-    lp = plan.lp_elements
+    if p == 1 or not plan.size:
+        shift, bad = plan.shifts(agreed)
+        return plan.finish(plan.encode(buffer, shift), shift, bad), agreed
+    layer_shift, layer_bad = plan.layer_shifts(agreed)
     parts, masks = [], []
-    for mask, fmt, kahan in ((lp, pol.format, pol.kahan),
-                             (~lp, get_format('float32'), False)):
-        if mask.any():
-            values = payload if mask.all() else payload[mask]
-            parts.append(_Part(values, fmt, kahan,
-                               track_nan=not plan.uses_exponents))
-            masks.append(mask)
-    if p == 1 or not parts:
-        sums = [part.values for part in parts]
-    elif pol.order == 'ring':
-        sums = [_decode_chunks(part, codes)
-                for part, codes in zip(parts, _ring(comm, parts))]
+    lp_layers = plan.lp_layers
+    lp = plan.lp_elements if not (lp_layers.all() or not lp_layers.any()) \
+        else None
+    if lp_layers.any():
+        codec = codec_for(pol.format)
+        track = not plan.uses_exponents
+        mask = lp if lp is not None else slice(None)
+        if codec.fast and not (track and not codec.has_nan):
+            x = buffer if lp is None else buffer[lp]
+            segments, at = [], 0
+            for i in numpy.flatnonzero(lp_layers):
+                size = plan.sizes[i]
+                if plan.uses_exponents and layer_shift[i]:
+                    segments.append((at, at + size, int(layer_shift[i])))
+                at += size
+            parts.append(_CodePart(codec, pol.kahan, x.size, x, segments))
+        else:
+            shift, _ = plan.shifts(agreed)
+            payload = plan.encode(buffer, shift)
+            parts.append(_ValuePart(payload[mask], pol.format, pol.kahan,
+                                    track))
+        masks.append(mask)
+    if not lp_layers.all():
+        mask = ~lp if lp is not None else slice(None)
+        parts.append(_ValuePart(buffer[mask], get_format('float32'), False,
+                                False))
+        masks.append(mask)
+    total = numpy.empty(plan.size, _F32)
+    outs = [total if len(parts) == 1 else numpy.empty(part.n, _F32)
+            for part in parts]
+    tracked = [(part, mask) for part, mask in zip(parts, masks)
+               if part.nan is not None]
+    finish = None
+    if len(parts) == 1 and not tracked:
+        # the mean of each block right after its decoding
+        def finish(a, b):
+            plan.finish_range(total, a, b, layer_shift, layer_bad)
+    if pol.order == 'ring':
+        data, starts, sizes = _ring(comm, parts)
+        _decode(parts, data, starts, sizes, outs, finish)
     else:
         if groups is None:
             raise ValueError("order='hierarchical' needs groups="
                              "split_groups(comm, group_size)")
-        sums = _hierarchical(groups, parts, p)
-    total = numpy.empty(plan.size, _F32)
-    for mask, values in zip(masks, sums):
-        if mask.all():
-            total = values
-        else:
+        _hierarchical(groups, parts, p, outs, finish)
+    if len(parts) > 1:
+        for mask, values in zip(masks, outs):
             total[mask] = values
-    tracked = [(part, mask) for part, mask in zip(parts, masks)
-               if part.nan is not None]
-    if tracked and p > 1:
+    if tracked:
         _send_nan_positions(comm, total, tracked)
-    return plan.finish(total, shift, bad), agreed
+    if finish is None:
+        plan.finish_layers(total, layer_shift, layer_bad)
+    return total, agreed
 
 
 def _send_nan_positions(comm, total, tracked):
@@ -303,6 +574,7 @@ def _send_nan_positions(comm, total, tracked):
         flags = part.nan.view(_U8)
         agreed = numpy.empty_like(flags)
         comm.Allreduce(flags, agreed, op=MPI.MAX)
-        where = numpy.flatnonzero(mask)[agreed.view(bool)] \
-            if not mask.all() else numpy.flatnonzero(agreed)
+        where = numpy.flatnonzero(agreed)
+        if not isinstance(mask, slice):
+            where = numpy.flatnonzero(mask)[where]
         total[where] = numpy.nan

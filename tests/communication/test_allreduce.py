@@ -221,6 +221,21 @@ def test_cost_model():
         (1, 140)
 
 
+def test_break_even_bandwidth():
+    """The ring's byte saving over FP32 (2(p − 1)/p of the messages,
+    exponents included) per second of extra local time."""
+    from ada_loss.communication.cost import (break_even_bandwidth,
+                                             ring_bytes_saved)
+    # FP32 8000 bytes; 8-bit 2000 + 2 exponent bytes; p = 4: × 1.5
+    assert ring_bytes_saved([1000, 1000], 'fp8_e5m2', 4) == 1.5 * 5998
+    assert ring_bytes_saved([1000, 1000], 'e3m0', 4, aps=False) == \
+        1.5 * 7000
+    assert break_even_bandwidth([1000, 1000], 'fp8_e5m2', 4, 2.0, 0.5) == \
+        1.5 * 5998 / 1.5
+    assert break_even_bandwidth([1000], 'fp8_e5m2', 2, 0.1, 0.2) == \
+        float('inf')
+
+
 # -- bad input -------------------------------------------------------------------
 def test_bad_input_is_a_clear_value_error():
     g = grads(6, (4,))

@@ -87,6 +87,167 @@ def test_codes_are_ml_dtypes_bit_patterns(fmt):
     assert numpy.array_equal(got, codes)
 
 
+def _patterns(lows=(0, 1, 0x7FFF, 0x8000, 0xFFFF), seed=0):
+    """Every float32 top half (sign, exponent, 7 mantissa bits) with each
+    low half of ``lows`` and a random non-zero one: 393216 values covering
+    every sign, binade, NaN and Inf, both sides of every rounding tie."""
+    top = numpy.arange(1 << 16, dtype=numpy.uint32) << numpy.uint32(16)
+    rng = numpy.random.RandomState(seed)
+    low = list(lows) + [int(rng.randint(2, 0x7FFF))]
+    return [(top | numpy.uint32(lo)).view(numpy.float32) for lo in low]
+
+
+@pytest.mark.parametrize('fmt', SMALL)
+def test_round_encode_is_quantize_then_encode(fmt):
+    """The fast path's rounding by table (top 16 bits rounded to odd: the
+    low 16 only as zero / non-zero) gives the code of ``quantize`` (the
+    project's own
+    rounding: ties to even, subnormals, overflow to Inf / NaN / saturation,
+    NaN) for every float32 top half with low halves on and off a tie,
+    in one block and in blocks of 7 values."""
+    from ada_loss.communication import codes as C
+    c = WireCodec(fmt)
+    f = get_format(fmt)
+    for v in _patterns():
+        with numpy.errstate(over='ignore', invalid='ignore'):
+            q = f.quantize(v)
+        want = c.encode_table[q.view(numpy.uint32) >> numpy.uint32(c.shift)]
+        assert numpy.array_equal(c.round_encode(v), want)
+    block = C.BLOCK
+    try:
+        C.BLOCK = 7
+        assert numpy.array_equal(c.round_encode(v[:1000]), want[:1000])
+    finally:
+        C.BLOCK = block
+    # packed as encode() packs (odd count: a zero high nibble at the end)
+    for n in (999, 1000):
+        assert numpy.array_equal(c.pack(c.round_encode(v[:n])),
+                                 c.encode(q[:n]))
+
+
+@pytest.mark.parametrize('fmt', SMALL)
+def test_shift_folded_into_the_rounding_table(fmt):
+    """APS's shift folded into the table (no multiplication): the codes of
+    ``quantize(scale_pow2(v, e))`` for every top half and tie lows, for
+    shifts down past float32's normals, up to the largest the tables fold
+    (where a float32 subnormal times 2^e still rounds to 0) and around;
+    a shift they do not fold says so."""
+    from ada_loss.communication.allreduce import scale_layer
+    c = WireCodec(fmt)
+    f = get_format(fmt)
+    top = 125 + f.emin - f.man_bits
+    assert c.folds(top) and not c.folds(top + 1)
+    for e in (-140, -127, -40, -3, -1, 1, 2, 17, 60, top - 1, top):
+        for v in _patterns(lows=(0, 1, 0x8000)):
+            with numpy.errstate(over='ignore', invalid='ignore'):
+                q = f.quantize(scale_layer(v, e, numpy.empty_like(v)))
+            want = c.encode_table[q.view(numpy.uint32) >>
+                                  numpy.uint32(c.shift)]
+            got = c.round_encode(v, shift=e)
+            # Inf and NaN are never shifted (APS: a non-finite layer's
+            # shift is 0); their rows keep their codes
+            finite = numpy.isfinite(v)
+            assert numpy.array_equal(got[finite], want[finite]), e
+
+
+@pytest.mark.parametrize('fmt', ['fp8_e5m2', 'e3m0', 'fp6_e2m3'])
+def test_a_ranks_codes_of_shifted_layers(fmt):
+    """The ring's own codes of a rank (``_CodePart.own_wire``) for layers
+    with folded shifts, a shift too large to fold (a tiny layer with
+    float32 subnormals: multiplied first) and unshifted gaps, in blocks of
+    8 values and chunks starting at odd elements: the old route's bytes
+    (``scale_pow2``, ``quantize``, ``encode``) for every chunk."""
+    from ada_loss.communication import codes as C
+    from ada_loss.communication.allreduce import scale_pow2
+    from ada_loss.communication.wire import _CodePart
+    c = WireCodec(fmt)
+    f = get_format(fmt)
+    big = 125 + f.emin - f.man_bits + 3
+    assert not c.folds(big)
+    rng = numpy.random.RandomState(3)
+    sizes, shifts = [13, 7, 20, 11, 9], [5, 0, big, -3, 0]
+    scales = [2.0 ** -8, 1.0, 2.0 ** (f.emax - big - 1), 2.0 ** 6, 0.25]
+    x = numpy.concatenate([rng.standard_normal(n) * s
+                           for n, s in zip(sizes, scales)]).astype(
+        numpy.float32)
+    # float32 subnormals in the tiny layer: non-zero once shifted
+    x[30:34] = numpy.array([2.0 ** -127, -3 * 2.0 ** -129, 5 * 2.0 ** -131,
+                            2.0 ** -126 - 2.0 ** -149], numpy.float32)
+    segments, at = [], 0
+    for n, e in zip(sizes, shifts):
+        segments.append((at, at + n, e))
+        at += n
+    part = _CodePart(c, False, x.size, x, segments)
+    shift = numpy.repeat(numpy.array(shifts, numpy.int32), sizes)
+    with numpy.errstate(over='ignore', invalid='ignore'):
+        want = f.quantize(scale_pow2(x, shift))
+    assert numpy.count_nonzero(want[30:34]) >= 2
+    block = C.BLOCK
+    try:
+        C.BLOCK = 8
+        for a, b in ((0, x.size), (3, 40), (17, 18), (29, 60)):
+            assert numpy.array_equal(part.own_wire(a, b),
+                                     c.encode(want[a:b])), (a, b)
+    finally:
+        C.BLOCK = block
+
+
+@pytest.mark.parametrize('fmt', sorted(ML_DTYPES))
+def test_round_encode_agrees_with_ml_dtypes_casts(fmt):
+    """An independent check of the rounding: ml_dtypes' compiled casts give
+    the same bytes for every non-NaN pattern (overflow, saturation,
+    subnormals and ties included; its NaN codes differ in payload, and
+    FP6/FP4 have none)."""
+    ml_dtypes = pytest.importorskip('ml_dtypes')
+    c = WireCodec(fmt)
+    for v in _patterns(lows=(0, 1, 0x8000)):
+        keep = ~numpy.isnan(v)
+        with numpy.errstate(over='ignore', invalid='ignore'):
+            theirs = v[keep].astype(getattr(ml_dtypes, ML_DTYPES[fmt]))
+        assert numpy.array_equal(c.round_encode(v[keep]),
+                                 theirs.view(numpy.uint8))
+
+
+@pytest.mark.parametrize('fmt', SMALL)
+def test_code_tables_are_the_accumulators_operations(fmt):
+    """Every pair of wire bytes (all 2^16; two nibble values per byte for
+    ≤ 4 bits): ``add_codes``/``sub_codes`` decode to what the emulation's
+    ⊕ gives on the decoded values (the Accumulator: FP32 operation, then
+    ``quantize``), bit for bit, NaN where it gives NaN (a format without a
+    NaN code: its NaN number, as ``encode``); the pair decoding of 1-byte
+    codes equals the per-code table."""
+    from ada_loss.communication.summation import Accumulator
+    c = WireCodec(fmt)
+    f = get_format(fmt)
+    u = numpy.arange(1 << 16)
+    a, b = (u >> 8).astype(numpy.uint8), (u & 255).astype(numpy.uint8)
+    if c.kind == 'byte':
+        # codes beyond 2^bits do not exist
+        ok = (a < c.decode_table.size) & (b < c.decode_table.size)
+        a, b = a[ok], b[ok]
+    n = a.size * (2 if c.kind == 'nibble' else 1)
+    x, y = c.decode(a, n), c.decode(b, n)
+    for op, sign in ((c.add_codes, 1), (c.sub_codes, -1)):
+        acc = Accumulator(x, f, False)
+        acc.add(y * numpy.float32(sign))
+        got = op(a, b)
+        want = c.encode(acc.s)
+        if c.has_nan:
+            nan = numpy.isnan(acc.s)
+            assert numpy.array_equal(numpy.isnan(c.decode(got, n)), nan)
+            back = c.decode(got, n)
+            assert numpy.array_equal(back[~nan].view(numpy.uint32),
+                                     acc.s[~nan].view(numpy.uint32))
+        else:
+            assert numpy.array_equal(got, want)
+    if c.kind == 'byte':
+        for start in (0, 1):
+            data = a[start:]
+            assert numpy.array_equal(
+                c.decode(data, data.size).view(numpy.uint32),
+                c.decode_table[data].view(numpy.uint32))
+
+
 def test_codes_reject_a_wrong_byte_count():
     with pytest.raises(ValueError, match='5 values of fp8_e5m2 take 5 bytes'):
         WireCodec('fp8_e5m2').decode(numpy.zeros(4, numpy.uint8), 5)
@@ -126,10 +287,12 @@ def test_wire_bytes(wire):
     for row in wire['bytes'][:16]:
         b = row['bits'] / 8.0
         lp = row['elements'] - row['fp32_elements']
-        expect = 2.0 * (p - 1) / p * (lp * b + row['fp32_elements'] * 4)
-        if row['kahan']:
-            expect += (p - 2.0) / p * lp * b
-        assert row['counts']['Sendrecv'] == expect, row
+        # reduce-scatter (Sendrecv) and all-gather (Allgatherv): each
+        # (P − 1)/P of the codes
+        half = (p - 1.0) / p * (lp * b + row['fp32_elements'] * 4)
+        kahan = (p - 2.0) / p * lp * b if row['kahan'] else 0
+        assert row['counts']['Sendrecv'] == half + kahan, row
+        assert row['counts']['Allgatherv'] == half, row
         flag = 0 if row['fmt'] == 'fp8_e4m3' else 1
         assert row['counts'].get('Allreduce', 0) == (
             row['lp_layers'] if row['aps'] else flag), row
@@ -151,6 +314,7 @@ def test_wire_bytes_hierarchical(wire):
             expect['Send'] = n
         else:
             if g > 1:
-                expect['Sendrecv'] = 2 * (g - 1) * n // g
+                expect['Sendrecv'] = (g - 1) * n // g
+                expect['Allgatherv'] = (g - 1) * n // g
             expect['Bcast'] = n
         assert counts == expect, (rank, counts)
