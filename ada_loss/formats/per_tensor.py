@@ -160,3 +160,12 @@ class DelayedScaling(object):
         if record:
             self.record(amax)
         return y
+
+    def serialize(self, serializer):
+        """Chainer's serializer protocol (duck-typed: no Chainer import):
+        the amax history and the scale, training state of the recipe."""
+        h = serializer('amax_history', self.amax_history)
+        if h is not None and h is not self.amax_history:
+            self.amax_history[...] = numpy.asarray(h)
+        scale = serializer('scale', numpy.array(self.scale, _F32))
+        self.scale = _F32(numpy.asarray(scale))
