@@ -127,6 +127,14 @@ class Precision(collections.namedtuple(
         return tuple(None if f.is_float32 else f for f in (self.fwd, self.bwd))
 
     @property
+    def default_mode(self):
+        """The loss-scaling mode a scaled precision runs with when none is
+        given: ``'none'`` (its per-tensor or per-block scales do what loss
+        scaling does; TE trains FP8 without a loss scale); None for the
+        other precisions, which need a mode named."""
+        return 'none' if self.recipe is not None else None
+
+    @property
     def grad_format(self):
         """The format scaled gradients are stored in (loss scaling targets
         its range)."""

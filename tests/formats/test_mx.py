@@ -1,88 +1,26 @@
 """``quantize_mx`` bit for bit against an independent reference built on
-ml_dtypes: per block, a Python loop computes the amax in float64, the scale
-exponent by exact rational arithmetic (``fractions``), the scale as an
-``ml_dtypes.float8_e8m0fnu`` value made from its code (exponent + 127), and
-the elements by ml_dtypes' own casts (``float8_e4m3fn``, ``float8_e5m2``,
-``float6_e3m2fn``, ``float6_e2m3fn``, ``float4_e2m1fn``) of x / scale
-clamped to the element's largest value. It shares no code with
-``ada_loss.formats`` (no get_format, no quantize).
+ml_dtypes (``tests/scaled_reference.py``): per block, a Python loop computes
+the amax in float64, the scale exponent by exact rational arithmetic
+(``fractions``), the scale as an ``ml_dtypes.float8_e8m0fnu`` value made
+from its code (exponent + 127), and the elements by ml_dtypes' own casts
+(``float8_e4m3fn``, ``float8_e5m2``, ``float6_e3m2fn``, ``float6_e2m3fn``,
+``float4_e2m1fn``) of x / scale clamped to the element's largest value. It
+shares no code with ``ada_loss.formats`` (no get_format, no quantize).
 
 Cases: random tensors whose blocks lie anywhere in 2^-100 … 2^100, values
 spread over 2^-100 … 2^100 inside one block, zero blocks, float32-subnormal
 blocks, partial blocks, both axes of a matrix and a tuple of axes, every
 element format, both scale rules, NaN/Inf blocks.
 """
-import fractions
-import math
 import zlib
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 from ada_loss.formats import get_format, mx_scale_exponents, quantize_mx
+from scaled_reference import ELEMENTS, reference_mx
 
 F32 = np.float32
-ELEMENTS = {   # ml_dtypes name -> (type, largest value, emax)
-    'float8_e4m3fn': (ml_dtypes.float8_e4m3fn, 448.0, 8),
-    'float8_e5m2': (ml_dtypes.float8_e5m2, 57344.0, 15),
-    'float6_e3m2fn': (ml_dtypes.float6_e3m2fn, 28.0, 4),
-    'float6_e2m3fn': (ml_dtypes.float6_e2m3fn, 7.5, 2),
-    'float4_e2m1fn': (ml_dtypes.float4_e2m1fn, 6.0, 2),
-}
-
-
-def _e8m0(e):
-    """2^e as ml_dtypes' E8M0 value, built from its code."""
-    code = np.array([e + 127], np.uint8)
-    return float(code.view(ml_dtypes.float8_e8m0fnu).astype(np.float64)[0])
-
-
-def _ref_exponent(amax, elem_max, emax, rule):
-    if amax == 0:
-        return -127
-    a = fractions.Fraction(amax)
-    if rule == 'floor':
-        e = math.floor(math.log2(amax))
-        while fractions.Fraction(2) ** e > a:
-            e -= 1
-        while fractions.Fraction(2) ** (e + 1) <= a:
-            e += 1
-        e -= emax
-    else:     # smallest e with amax <= elem_max * 2^e
-        m = fractions.Fraction(elem_max)
-        e = math.ceil(math.log2(amax / elem_max))
-        while a > m * fractions.Fraction(2) ** e:
-            e += 1
-        while a <= m * fractions.Fraction(2) ** (e - 1):
-            e -= 1
-    return min(max(e, -127), 127)
-
-
-def reference_mx(x, element, axis, block, rule):
-    """(values, exponents) of the MX quantization of a float32 matrix (or
-    any array) along one axis, block by block."""
-    ml, elem_max, emax = ELEMENTS[element]
-    xm = np.moveaxis(x, axis, -1).astype(np.float64)
-    out = np.empty_like(xm)
-    n = xm.shape[-1]
-    exps = np.empty(xm.shape[:-1] + (-(-n // block),), np.int32)
-    for idx in np.ndindex(xm.shape[:-1]):
-        row = xm[idx]
-        for j, s in enumerate(range(0, n, block)):
-            b = row[s:s + block]
-            if not np.all(np.isfinite(b)):
-                out[idx + (slice(s, s + block),)] = np.nan
-                exps[idx + (j,)] = 0
-                continue
-            e = _ref_exponent(float(np.max(np.abs(b))), elem_max, emax,
-                              rule)
-            exps[idx + (j,)] = e
-            scale = _e8m0(e)
-            v = np.clip(b / scale, -elem_max, elem_max)   # exact, float64
-            q = v.astype(F32).astype(ml).astype(np.float64)
-            out[idx + (slice(s, s + block),)] = q * scale
-    return np.moveaxis(out.astype(F32), -1, axis), exps
 
 
 def _bits_equal(got, want):

@@ -6,7 +6,8 @@ import pytest
 from ada_loss.formats import quantize_mx, quantize_per_tensor
 
 from gpu_helpers import requires_gpu, to_cpu, to_gpu
-from test_mx import ELEMENTS, _bits_equal, _tensor
+from scaled_reference import ELEMENTS
+from test_mx import _bits_equal, _tensor
 
 pytestmark = requires_gpu
 
