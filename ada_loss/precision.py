@@ -48,9 +48,8 @@ import contextlib
 import chainer
 import numpy
 
-from ada_loss.formats import get_format
-from ada_loss.formats.per_tensor import DEFAULT_HISTORY, DEFAULT_MARGIN
-from ada_loss.formats.recipe import make_recipe
+from ada_loss.formats import (
+    DEFAULT_HISTORY, DEFAULT_MARGIN, get_format, make_recipe)
 
 PRECISIONS = ('float32', 'mixed16', 'bf16', 'fp8', 'fp8_e4m3', 'fp8_e5m2')
 #: the scaled precisions' base names (their options: module docstring)
