@@ -105,6 +105,55 @@ def _as_axes(axis, ndim):
     return axes
 
 
+def _block_view(x, axes, block_size):
+    """``(view, axis)``: a reshape of x (no copy) in which axis ``axis``
+    holds whole blocks, or None where the blocks need a transpose.
+
+    The flattened reduction is blocked in the order of ``axes``; when the
+    axes are increasing, blocks never straddle the leading axes if the
+    product P of the trailing run of adjacent axes is a multiple of the
+    block size (e.g. N·H·W blocks of an NCHW tensor with H·W = 64): then
+    the run reshapes to (P / block, block). A reduction of at most one
+    block is one block over all its axes (the view is x itself, reduced
+    over ``axes``)."""
+    if list(axes) != sorted(axes):
+        return None
+    shape = x.shape
+    n = 1
+    for a in axes:
+        n *= shape[a]
+    if n <= block_size:
+        return x, axes
+    j = len(axes) - 1
+    while j > 0 and axes[j - 1] == axes[j] - 1:
+        j -= 1
+    s, e = axes[j], axes[-1] + 1
+    p = 1
+    for a in range(s, e):
+        p *= shape[a]
+    if p % block_size:
+        return None
+    view = x.reshape(shape[:s] + (p // block_size, block_size) + shape[e:])
+    return view, (s + 1,)
+
+
+def _quantize_blocks(v, block_axes, fmt, scale_rounding, xp):
+    """quantize_mx on a view whose ``block_axes`` hold whole blocks."""
+    with numpy.errstate(invalid='ignore'):
+        amax = xp.abs(v).max(axis=block_axes, keepdims=True)
+    bad = ~xp.isfinite(amax)
+    any_bad = bool(bad.any())
+    e = mx_scale_exponents(xp.where(bad, _F32(0), amax) if any_bad else amax,
+                           fmt, scale_rounding)
+    with numpy.errstate(over='ignore', invalid='ignore'):  # NaN/Inf blocks
+        scaled = xp.ldexp(v, -e)
+        xp.clip(scaled, _F32(-fmt.u_max), _F32(fmt.u_max), out=scaled)
+        out = xp.ldexp(fmt.quantize(scaled), e)
+    if any_bad:
+        out = xp.where(bad, _F32(numpy.nan), out)
+    return out
+
+
 def quantize_mx(x, element, axis=-1, block_size=32, scale_rounding='up',
                 return_exponents=False):
     """``x`` quantized to MX blocks and dequantized, as float32.
@@ -140,6 +189,11 @@ def quantize_mx(x, element, axis=-1, block_size=32, scale_rounding='up',
         raise TypeError('quantize_mx expects a float32 (or float16) array, '
                         'got {}'.format(x.dtype))
     axes = _as_axes(axis, x.ndim)
+    if not return_exponents:
+        view = _block_view(x, axes, block_size)
+        if view is not None:
+            return _quantize_blocks(view[0], view[1], fmt, scale_rounding,
+                                    xp).reshape(x.shape)
     rest = tuple(a for a in range(x.ndim) if a not in axes)
     moved = xp.transpose(x, rest + axes)
     lead = moved.shape[:len(rest)]
@@ -163,10 +217,11 @@ def quantize_mx(x, element, axis=-1, block_size=32, scale_rounding='up',
     # a power of two ≥ 2^-149 except where a quotient underflows far below
     # the element format's smallest value, which rounds to 0 either way),
     # with no subnormal scale operand (2^-127) that a GPU might flush.
-    scaled = xp.ldexp(blocks, -e[..., None])
-    xp.clip(scaled, _F32(-fmt.u_max), _F32(fmt.u_max), out=scaled)
-    q = fmt.quantize(scaled)
-    out = xp.ldexp(q, e[..., None])
+    with numpy.errstate(over='ignore', invalid='ignore'):  # NaN/Inf blocks
+        scaled = xp.ldexp(blocks, -e[..., None])
+        xp.clip(scaled, _F32(-fmt.u_max), _F32(fmt.u_max), out=scaled)
+        q = fmt.quantize(scaled)
+        out = xp.ldexp(q, e[..., None])
     if bool(bad.any()):
         out[bad] = _F32(numpy.nan)
     out = out.reshape(lead + (nblocks * block_size,))[..., :n]

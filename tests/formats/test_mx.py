@@ -63,6 +63,35 @@ def test_quantize_mx_equals_reference(element, rule):
         assert np.array_equal(e, we), (axis, block)
 
 
+@pytest.mark.parametrize('element', sorted(ELEMENTS))
+@pytest.mark.parametrize('rule', ['up', 'floor'])
+def test_block_aligned_shapes_equal_reference(element, rule):
+    # shapes whose blocks need no transpose (whole blocks along the axis,
+    # or one block for the whole reduction): the reshaped path
+    x = _tensor(zlib.crc32((rule + element).encode()) % 1000, (24, 64))
+    x[5, :] = np.nan
+    x[6, 40] = np.inf
+    for axis, block in ((1, 32), (0, 8), (0, 64), (1, 64), (-1, 16)):
+        got = quantize_mx(x, element, axis=axis, block_size=block,
+                          scale_rounding=rule)
+        want, _ = reference_mx(x, element, axis, block, rule)
+        _bits_equal(got, want)
+        # the same as the transposing path (taken to return exponents)
+        slow, _ = quantize_mx(x, element, axis=axis, block_size=block,
+                              scale_rounding=rule, return_exponents=True)
+        _bits_equal(got, slow)
+    # N·H·W blocks of an NCHW tensor with H·W = 64 and with one block
+    rng = np.random.RandomState(2)
+    t = (rng.standard_normal((3, 5, 8, 8)) * 2.0 ** rng.randint(
+        -30, 30, (3, 5, 8, 1))).astype(F32)
+    for shape in ((3, 5, 8, 8), (1, 5, 2, 3)):
+        u = np.ascontiguousarray(t[:shape[0], :, :shape[2], :shape[3]])
+        got = quantize_mx(u, element, axis=(0, 2, 3), scale_rounding=rule)
+        c = u.transpose(1, 0, 2, 3)
+        want, _ = reference_mx(c.reshape(5, -1), element, 1, 32, rule)
+        _bits_equal(got, want.reshape(c.shape).transpose(1, 0, 2, 3))
+
+
 def test_aliases_give_the_same_values():
     x = _tensor(3)
     for ours, ml in (('fp8_e4m3', 'float8_e4m3fn'), ('fp4_e2m1',
