@@ -5,7 +5,7 @@ import warnings
 import chainer
 import numpy
 
-from ada_loss.adaptive.backward import ScaledBackprop
+from ada_loss.adaptive.backward import ScaledBackprop, gemm_key
 from ada_loss.formats import get_format
 from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.links import as_gemm_link
@@ -49,12 +49,28 @@ class AdaLossScaled(object):
             divided by the fan-in).
         max_layer_scale (float): *not in the paper*: cap on each β.
         max_accum_scale (float): *not in the paper*: cap on each α.
+        guard (bool): *not in the paper* (default True): the overflow guard
+            and the backoff after a skipped step. Where a gradient is
+            rounded to the narrow format (entering each GEMM, the input
+            gradient a GEMM produces) one whose largest magnitude would
+            overflow is brought into range by a power of two and its α
+            lowered to match (:mod:`ada_loss.adaptive.backward`); a step
+            whose gradients are still non-finite (skipped by the updater)
+            lowers the β of the GEMMs that produced the first non-finite
+            gradient by 2^-k, k growing with consecutive skips (1, 3, 6,
+            ...), relaxed by one binade per ``backoff_window`` clean steps.
+            ``guard=False`` is the paper's Algorithm 3–4 exactly. CPU
+            arrays only for now: a backward on a device runs unguarded
+            (with a warning).
+        backoff_window (int): clean steps after which each layer's backoff
+            is relaxed by one power of two (default 100).
         verbose (bool): print which layers were converted.
     """
 
     def __init__(self, model, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt='float16', bound='output',
-                 max_layer_scale=None, max_accum_scale=None, verbose=True):
+                 max_layer_scale=None, max_accum_scale=None, guard=True,
+                 backoff_window=100, verbose=True):
         self.auto_init = isinstance(init_scale, str) and init_scale == 'auto'
         if not self.auto_init:
             if isinstance(init_scale, str):
@@ -71,6 +87,12 @@ class AdaLossScaled(object):
             if cap is not None and not cap >= 1:
                 raise ValueError('{} must be None or >= 1, got {!r}'
                                  .format(name, cap))
+        if not isinstance(guard, bool):
+            raise ValueError('guard must be true or false, got {!r}'
+                             .format(guard))
+        if int(backoff_window) != backoff_window or backoff_window < 1:
+            raise ValueError('backoff_window must be a positive integer, got '
+                             '{!r}'.format(backoff_window))
         self.model = model
         self.init_scale = 1.0 if self.auto_init else float(init_scale)
         self.t_uf = float(t_uf)
@@ -79,8 +101,17 @@ class AdaLossScaled(object):
         self.bound = check_bound(bound)
         self.max_layer_scale = max_layer_scale
         self.max_accum_scale = max_accum_scale
+        self.guard = guard
+        self.backoff_window = int(backoff_window)
         self.iteration = 0
         self._betas = {}
+        # the backoff (guard): {layer: k} (β times 2^-k), consecutive
+        # skipped steps, clean steps since the last relaxation
+        self._backoff = {}
+        self._skip_run = 0
+        self._clean_steps = 0
+        self._last_pass = None
+        self._warned_device = False
         self._records = collections.OrderedDict()
         self._foreign_reported = set()
         self.converted, self.not_converted = self._convert(model)
@@ -114,10 +145,17 @@ class AdaLossScaled(object):
 
     # -- Algorithm 4 + options -------------------------------------------
     def _gemm_scale(self, func, W, g, alpha):
-        key = func.scale_key
-        if key is None:
-            # A GEMM called outside a converted link: cache β per weight.
-            key = ('unnamed', id(func.inputs[1]))
+        """β of one GEMM: the method's (:meth:`_layer_scale`), lowered by
+        the layer's backoff, capped by ``max_accum_scale``."""
+        key = gemm_key(func)
+        beta = self._layer_scale(func, key, W, g, alpha)
+        k = self._backoff.get(key, 0)
+        if k:
+            beta = beta * 2.0 ** -k
+        return self._cap_accum(alpha, beta)
+
+    def _layer_scale(self, func, key, W, g, alpha):
+        """Algorithm 4, recomputed every ``update_interval`` passes."""
         recompute = ((self.iteration - 1) % self.update_interval == 0
                      or key not in self._betas)
         if recompute:
@@ -129,7 +167,7 @@ class AdaLossScaled(object):
                                        bound=self.bound, gain=gain,
                                        max_scale=self.max_layer_scale)
             self._betas[key] = beta
-        return self._cap_accum(alpha, self._betas[key])
+        return self._betas[key]
 
     def _gemm_scale_on_device(self, func, W, g):
         """β as a 0-d device array (CuPy kernels, no synchronization)."""
@@ -169,9 +207,24 @@ class AdaLossScaled(object):
                     "init_scale='auto' runs on the CPU only: its device path "
                     'has not been written and run on a GPU yet')
             entry = _LossGradientMoments()
+        guard = self.guard
+        if guard and not isinstance(loss.array, numpy.ndarray):
+            guard = False
+            if not self._warned_device:
+                self._warned_device = True
+                warnings.warn(
+                    '{}: the overflow guard and the backoff after skipped '
+                    'steps run on CPU arrays only (their device path has not '
+                    'been run on a GPU yet); this backward runs as '
+                    'guard=false'.format(type(self).__name__))
+        init_scale = self.init_scale
+        k = self._backoff.get(LOSS, 0)
+        if k:
+            init_scale = init_scale * 2.0 ** -k
         bp = ScaledBackprop(self._gemm_scale, self.fmt.u_max, self._observe,
-                            self._weight_scale, entry)
-        bp.run(loss, self.init_scale)
+                            self._weight_scale, entry, guard=guard)
+        bp.run(loss, init_scale)
+        self._last_pass = bp
         self._records = bp.gemm_records
         if entry is not None and entry.count:
             alpha = loss_gradient_scale(entry.second(), entry.peak,
@@ -185,6 +238,53 @@ class AdaLossScaled(object):
                 'the loss scale through unchanged (beta = 1); use '
                 'ada_loss.functions or links to scale them: '
                 + '; '.join(sorted(new)))
+
+    # -- the backoff (guard) ----------------------------------------------
+    def last_nonfinite(self):
+        """:data:`ada_loss.adaptive.backward.NonFinite` of the last pass
+        (the first GEMM, in backward order, whose entering gradient was
+        non-finite), or None."""
+        return None if self._last_pass is None else self._last_pass.nonfinite
+
+    def guarded(self):
+        """{(layer, 'in' or 'out'): k} where the guard lowered a gradient's
+        scale by 2^-k in the last pass."""
+        return {} if self._last_pass is None else dict(
+            self._last_pass.guarded)
+
+    def backoff(self):
+        """{layer: k}: the β of these layers is lowered by 2^-k (the
+        backoff after skipped steps; ``'(loss)'`` is α_{N+1})."""
+        return dict(self._backoff)
+
+    def step_done(self, skipped):
+        """Told after every step whether it was skipped (non-finite
+        gradients). With the guard, a skipped step lowers the β of the GEMMs
+        that produced the first non-finite gradient (every GEMM and
+        α_{N+1} when it came from the loss itself or was not seen) by 2^-n
+        more, n the number of consecutive skipped steps, so that no two
+        steps in a row are scaled alike and a run cannot skip forever; each
+        ``backoff_window`` clean steps relax every layer's backoff by one
+        power of two."""
+        if not self.guard:
+            return
+        if not skipped:
+            self._skip_run = 0
+            self._clean_steps += 1
+            if self._clean_steps >= self.backoff_window:
+                self._clean_steps = 0
+                self._backoff = {k: v - 1 for k, v in self._backoff.items()
+                                 if v > 1}
+            return
+        self._skip_run += 1
+        self._clean_steps = 0
+        nonfinite = self.last_nonfinite()
+        layers = nonfinite.origins if nonfinite is not None else ()
+        if not layers:
+            layers = list(self._last_pass.layers) + [LOSS]
+        for layer in layers:
+            self._backoff[layer] = self._backoff.get(layer, 0) \
+                + self._skip_run
 
     def loss_scales(self):
         """{layer path: α used for that layer's weight update} (last pass).
@@ -208,11 +308,13 @@ class AdaLossScaled(object):
         return collections.OrderedDict(zip(keys, values))
 
     def serialize(self, serializer):
-        """Saves/loads the iteration count, the β cache and, with
-        ``init_scale='auto'``, α_{N+1} (for resume)."""
+        """Saves/loads the iteration count, the β cache, the backoff state
+        and, with ``init_scale='auto'``, α_{N+1} (for resume)."""
         self.iteration = int(serializer('iteration', self.iteration))
         if self.auto_init:
             self.init_scale = float(serializer('init_scale', self.init_scale))
+        if self.guard:
+            self._serialize_backoff(serializer)
         keys = sorted(self._betas, key=str)
         if isinstance(serializer, chainer.serializer.Deserializer):
             keys = [k for k in str(serializer('beta_keys', '')).split('\n')
@@ -225,6 +327,31 @@ class AdaLossScaled(object):
             if any(is_device_scalar(v) for v in values):
                 values = device_kernels().to_floats(values)
             serializer('beta_values', numpy.array(values, dtype=numpy.float64))
+
+
+    def _serialize_backoff(self, serializer):
+        if isinstance(serializer, chainer.serializer.Deserializer):
+            try:
+                keys = str(serializer('backoff_keys', ''))
+            except KeyError:       # a snapshot from before the guard
+                return
+            keys = [k for k in keys.split('\n') if k]
+            values = serializer('backoff_values', None)
+            self._backoff = {k: int(v) for k, v in zip(keys, values)}
+            self._skip_run = int(serializer('skip_run', 0))
+            self._clean_steps = int(serializer('clean_steps', 0))
+        else:
+            serializer('skip_run', self._skip_run)
+            serializer('clean_steps', self._clean_steps)
+            # layers named by their paths (the keys of converted links)
+            keys = sorted(k for k in self._backoff if isinstance(k, str))
+            serializer('backoff_keys', '\n'.join(keys))
+            serializer('backoff_values', numpy.array(
+                [self._backoff[k] for k in keys], dtype=numpy.int64))
+
+
+#: the backoff's key for α_{N+1}, the loss gradient's scale
+LOSS = '(loss)'
 
 
 class _LossGradientMoments(object):

@@ -32,6 +32,8 @@ class AmaxLossScaled(AdaLossScaled):
             in FP32 fails.
         history (int): amax history length in steps (default 16); the max
             over it is used.
+        guard, backoff_window: the overflow guard and the backoff after
+            skipped steps, as :class:`AdaLossScaled` (not in any recipe).
 
     The weight and bias gradients of each GEMM, which sum over the batch
     and can be far larger than the input gradient, get their own scale
@@ -44,7 +46,8 @@ class AmaxLossScaled(AdaLossScaled):
     """
 
     def __init__(self, model, init_scale=1.0, margin=8, history=16,
-                 fmt='float16', max_accum_scale=2.0 ** 24, verbose=True):
+                 fmt='float16', max_accum_scale=2.0 ** 24, guard=True,
+                 backoff_window=100, verbose=True):
         if isinstance(init_scale, str):
             raise ValueError("amax: init_scale must be a positive number "
                              "('auto' is an option of adaptive), got {!r}"
@@ -57,21 +60,21 @@ class AmaxLossScaled(AdaLossScaled):
         self._amax = {}
         super(AmaxLossScaled, self).__init__(
             model, init_scale=init_scale, fmt=fmt,
-            max_accum_scale=max_accum_scale, verbose=verbose)
+            max_accum_scale=max_accum_scale, guard=guard,
+            backoff_window=backoff_window, verbose=verbose)
 
     def _key(self, func, what):
         key = func.scale_key if func.scale_key is not None else \
             'unnamed{}'.format(id(func.inputs[1]))
         return '{}#{}'.format(key, what)
 
-    def _gemm_scale(self, func, W, g, alpha):
+    def _layer_scale(self, func, key, W, g, alpha):
         hist = self._amax.get(self._key(func, 'x'))
         if hist:
             amax = max(hist)
         else:
             amax = max_abs(g) / alpha * func.grad_input_gain(W)
-        beta = amax_loss_scale(amax, alpha, self.fmt, self.margin)
-        return self._cap_accum(alpha, beta)
+        return amax_loss_scale(amax, alpha, self.fmt, self.margin)
 
     def _weight_scale(self, func, W, x, g, alpha):
         hist = self._amax.get(self._key(func, 'W'))
@@ -97,8 +100,11 @@ class AmaxLossScaled(AdaLossScaled):
                 collections.deque(maxlen=self.history)).append(peak)
 
     def serialize(self, serializer):
-        """Saves/loads the iteration count and the amax histories."""
+        """Saves/loads the iteration count, the backoff state and the amax
+        histories."""
         self.iteration = int(serializer('iteration', self.iteration))
+        if self.guard:
+            self._serialize_backoff(serializer)
         if isinstance(serializer, chainer.serializer.Deserializer):
             keys = [k for k in str(serializer('amax_keys', '')).split('\n')
                     if k]

@@ -19,11 +19,26 @@ at:
   set to α, so Chainer's ``UpdateRule`` unscales it in FP32 (with
   ``use_fp32_update()`` for FP16 parameters) before the optimizer sees it.
 
+The overflow guard (``guard=True``; *not in the paper*) decides the scale
+where a gradient is rounded to the narrow format: a gradient entering a GEMM
+whose largest magnitude would overflow the format when rounded (batch norm's
+backward and residual sums amplify what the previous GEMM produced at α·β,
+and no bound of Algorithm 4 looks there) is multiplied by the power of two
+2^-k that brings it into range and its α is lowered by the same 2^-k; the
+GEMM's input gradient is fitted the same way (``fit_input_grad``), as its
+weight gradient always is. Both are exact (powers of two), so the unscaled
+gradients are unchanged where nothing overflowed, and scaling alone cannot
+make a gradient Inf/NaN. Every pass also notes the first GEMM (in backward
+order) whose entering gradient is non-finite, and which GEMMs produced it
+(:attr:`ScaledBackprop.nonfinite`): the skip report and the per-layer
+backoff after a skipped step (:class:`ada_loss.AdaLossScaled`) use it.
+
 Summing is done here, never by Chainer, so gradients at different scales
 cannot be added together.
 """
 import collections
 import heapq
+import math
 
 import numpy
 
@@ -35,6 +50,7 @@ from chainer.functions.connection import deconvolution_2d as _c_deconv
 from chainer.functions.connection import linear as _c_linear
 from chainer.functions.math import matmul as _c_matmul
 
+from ada_loss.formats import get_format
 from ada_loss.formats.widen import widen
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.functions.scales import device_kernels, is_device_scalar
@@ -45,6 +61,8 @@ from ada_loss.loss_scale.gemm import max_abs
 FOREIGN_GEMMS = (_c_linear.LinearFunction, _c_conv.Convolution2DFunction,
                  _c_deconv.Deconvolution2DFunction, _c_matmul.MatMul)
 
+_FLOAT16 = get_format('float16')
+
 
 class ScaleAwareBackwardError(RuntimeError):
     """A graph construct the ⟨α, δ⟩ backward cannot handle safely."""
@@ -52,6 +70,59 @@ class ScaleAwareBackwardError(RuntimeError):
 
 def _max_abs(v):
     return max_abs(v.array)
+
+
+def gemm_key(func):
+    """The name of a GEMM node's layer (its ``scale_key``), or a key made
+    from its weight node for a GEMM called outside a converted link."""
+    if func.scale_key is not None:
+        return func.scale_key
+    return ('unnamed', id(func.inputs[1]))
+
+
+#: The first non-finite gradient of a pass, in backward order: the GEMM
+#: layer it entered, the scale α it was carried at, its largest magnitude
+#: (Inf or NaN) and the GEMM layers whose input gradients it came from
+#: (empty: from the loss through no GEMM).
+NonFinite = collections.namedtuple('NonFinite',
+                                   ('layer', 'alpha', 'max_abs', 'origins'))
+
+
+def _stored_format(func, g):
+    """The format a GEMM stores its incoming gradient ``g`` in: its
+    backward format (emulated precisions), FP16 for float16 arrays, or None
+    (float32: nothing is rounded)."""
+    fmt = func.grad_format
+    if fmt is not None and not fmt.is_float32:
+        return fmt
+    if g.dtype == numpy.float16:
+        return _FLOAT16
+    return None
+
+
+def _overflows(value, fmt):
+    """Whether the float32 ``value`` (≥ 0) overflows when rounded to
+    ``fmt``: rounds to Inf/NaN, or to ±u_max in a format that saturates
+    (where the updater counts u_max as an overflow)."""
+    q = float(fmt.quantize(numpy.array([value], numpy.float32))[0])
+    return not math.isfinite(q) or (fmt.saturates and q >= fmt.u_max)
+
+
+def fit_ratio(peak, fmt):
+    """The largest power of two 2^-k (k ≥ 0) with ``2^-k · peak`` not
+    overflowing ``fmt`` when rounded (1 if ``peak`` does not); ``peak``
+    must be finite."""
+    if not math.isfinite(peak):
+        raise ValueError('fit_ratio needs a finite peak, got {!r}'.format(
+            peak))
+    ratio = 1.0
+    if _overflows(peak, fmt):
+        # peak / u_max < 2^e: 2^-e brings it below u_max; then check it
+        # rounds into range (u_max itself saturates some formats)
+        ratio = 2.0 ** -math.frexp(peak / fmt.u_max)[1]
+        while _overflows(peak * ratio, fmt):
+            ratio /= 2.0
+    return ratio
 
 
 def _on_device(scale):
@@ -123,22 +194,35 @@ class ScaledBackprop(object):
             no other GEMM (the loss gradient: e.g. the logits' gradient of a
             classifier, every head of a detector), with that gradient's
             array as carried (before the GEMM rounds it) and its scale.
+        guard (bool): the overflow guard (see the module docstring; on
+            NumPy arrays: a device pass runs without it).
     """
 
     def __init__(self, gemm_scale, u_max, observe=None, weight_scale=None,
-                 loss_gradient=None):
+                 loss_gradient=None, guard=False):
         self.gemm_scale = gemm_scale
         self.u_max = u_max
         self.observe = observe
         self.weight_scale = weight_scale
         self.loss_gradient = loss_gradient
+        self.guard = guard
         # VariableNode -> whether its gradient reached it through no GEMM
         # (tracked for ``loss_gradient`` only)
         self._direct = {}
+        # VariableNode -> the GEMM layers its gradient came from
+        self._origin = {}
         #: {GEMM scale_key: (α of its weight gradient, β)}
         self.gemm_records = collections.OrderedDict()
+        #: the GEMM layers of the pass (:func:`gemm_key`), backward order
+        self.layers = []
         #: labels of Chainer GEMM nodes met that are not scale-aware
         self.foreign_gemms = []
+        #: :data:`NonFinite` of the first non-finite gradient entering a
+        #: GEMM (host arrays only), or None
+        self.nonfinite = None
+        #: {(layer, 'in' or 'out'): k} for each GEMM whose entering or
+        #: produced input gradient the guard lowered by 2^-k
+        self.guarded = collections.OrderedDict()
 
     # -- merging ----------------------------------------------------------
     def _merge(self, entries, where):
@@ -236,6 +320,8 @@ class ScaledBackprop(object):
             return
         direct = self.loss_gradient is not None and all(
             [self._direct.pop(outputs[i], False) for i, _, _ in present])
+        origins = frozenset().union(*[self._origin.pop(y, ())
+                                      for y in outputs if y is not None])
         out_grad = [None] * len(outputs)
         if len(present) == 1:
             i, g, alpha = present[0]
@@ -248,8 +334,15 @@ class ScaledBackprop(object):
                 out_grad[i] = _rescale(g, r)
         out_grad = tuple(out_grad)
 
-        in_scales = [alpha] * len(inputs)
         is_gemm = isinstance(func, GemmFunction)
+        host = not _on_device(alpha)
+        if is_gemm:
+            key = gemm_key(func)
+            self.layers.append(key)
+            if host:
+                out_grad, alpha = self._check_entering(
+                    func, key, out_grad, alpha, origins)
+        in_scales = [alpha] * len(inputs)
         if is_gemm:
             if direct:
                 self.loss_gradient(func, out_grad[0].array, alpha)
@@ -290,9 +383,17 @@ class ScaledBackprop(object):
             # β scales the input gradient, γ the weight and bias gradients;
             # an overflowing weight gradient is fitted into the format and
             # the scale it got comes back with it (its leaf carries it).
-            gxs, weight_grad_scale = func.backward_scaled(
+            fit = self.guard and host
+            gxs, input_grad_scale, weight_grad_scale = func.backward_scaled(
                 targets, out_grad, input_scale=beta, weight_scale=gamma,
-                fit_weight_grad=True)
+                fit_weight_grad=True, fit_input_grad=fit)
+            if fit and input_grad_scale != beta:
+                # the guard lowered β: the input gradient's α follows
+                self.guarded[(key, 'out')] = int(round(math.log2(
+                    beta / input_grad_scale)))
+                beta = input_grad_scale
+                in_scales[0] = _scale_product(alpha, beta)
+                self.gemm_records[func.scale_key] = (alpha, beta)
             for i in range(1, len(inputs)):
                 in_scales[i] = _scale_product(alpha, weight_grad_scale)
         else:
@@ -317,6 +418,11 @@ class ScaledBackprop(object):
                 continue
             x = inputs[i]
             grads.setdefault(x, []).append((gx, in_scales[i]))
+            if x.creator_node is not None:
+                # a GEMM's input gradient comes from that GEMM; any other
+                # node's from where its output gradients came from
+                here = frozenset((key,)) if is_gemm else origins
+                self._origin[x] = self._origin.get(x, frozenset()) | here
             if self.loss_gradient is not None:
                 self._direct[x] = self._direct.get(x, True) and direct \
                     and not is_gemm
@@ -324,6 +430,28 @@ class ScaledBackprop(object):
                 leaves[x] = None
             else:
                 add_cand(x.creator_node)
+
+    def _check_entering(self, func, key, out_grad, alpha, origins):
+        """The gradient entering a GEMM (host arrays): notes the first
+        non-finite one of the pass; with the guard, brings one that would
+        overflow its stored format into range by 2^-k and lowers α by the
+        same 2^-k. Returns the (possibly rescaled) gradients and α."""
+        g = out_grad[0]
+        fmt = _stored_format(func, g.array)
+        if self.nonfinite is not None and (fmt is None or not self.guard):
+            return out_grad, alpha     # nothing left to note or to guard
+        peak = _max_abs(g)
+        if not math.isfinite(peak):
+            if self.nonfinite is None:
+                self.nonfinite = NonFinite(key, alpha, peak, origins)
+            return out_grad, alpha
+        if not self.guard or fmt is None:
+            return out_grad, alpha
+        ratio = fit_ratio(peak, fmt)
+        if ratio == 1:
+            return out_grad, alpha
+        self.guarded[(key, 'in')] = -int(math.log2(ratio))
+        return (_rescale(g, ratio),) + tuple(out_grad[1:]), alpha * ratio
 
     @staticmethod
     def _check_backward(func):

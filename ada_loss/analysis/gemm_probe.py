@@ -143,7 +143,7 @@ class GemmProbe(chainer.FunctionHook):
         Wv = function.get_retained_inputs()[1]   # grad_weight reads W.layout
         beta = float(input_scale)
         with _without_grad_rounding(function), chainer.no_backprop_mode():
-            gx = function.grad_input(x, W, gy, 1).array
+            gx = function.grad_input(x, W, gy, 1)[0].array
         bgx = gx * numpy.float32(beta)
         q = fmt.quantize(bgx)
         peak = float(numpy.abs(bgx).max()) if bgx.size else 0.0
@@ -175,7 +175,7 @@ class GemmProbe(chainer.FunctionHook):
         # end to end: the produced gradients against FP32 GEMMs of the
         # unrounded entering gradient (same carried scale)
         with _without_grad_rounding(function), chainer.no_backprop_mode():
-            gx_ref = function.grad_input(x, W, raw, 1).array
+            gx_ref = function.grad_input(x, W, raw, 1)[0].array
             gw_ref = function.grad_weight(x, Wv, raw)[0].array
         with chainer.no_backprop_mode():
             gw, applied = function.grad_weight(x, Wv, gy, 1, True)

@@ -100,6 +100,9 @@ class ObservingLossScaling(object):
         return self.inner.loss_scales() if hasattr(
             self.inner, 'loss_scales') else {}
 
+    def last_nonfinite(self):
+        return self.inner.last_nonfinite()
+
     def serialize(self, serializer):
         # the inner method's state, and the pass count: a resumed run
         # observes the same passes (absent from a snapshot written without

@@ -115,9 +115,9 @@ class GradientRecorder(chainer.FunctionHook):
             return out
         f32 = numpy.float32
         with chainer.no_backprop_mode():
-            gx16 = function.grad_input(x, W, gy, scale).array
+            gx16 = function.grad_input(x, W, gy, scale)[0].array
             gx32 = function.grad_input(
-                x.astype(f32), W.astype(f32), gy.astype(f32), scale).array
+                x.astype(f32), W.astype(f32), gy.astype(f32), scale)[0].array
         z16, z32 = (grad_stats.zero_fraction(chainer.backend.CpuDevice()
                                              .send(a)) for a in (gx16, gx32))
         out.update(zeros_fp16=z16, zeros_fp32=z32, fp16_underflow=z16 - z32)

@@ -150,7 +150,7 @@ class SimulatedDataParallelUpdater(MixedPrecisionUpdater):
         named = [(n, p) for n, p in sorted(model.namedparams())
                  if p.array is not None]
         worker_grads = []
-        finite = True
+        finite, where = True, None
         losses = []
         for shard in shards:
             in_arrays = self.converter(shard, self.input_device)
@@ -158,12 +158,17 @@ class SimulatedDataParallelUpdater(MixedPrecisionUpdater):
             loss = call_loss(loss_func, in_arrays)
             losses.append(float(loss.array))
             self.loss_scaling.backward(loss)
+            worker_finite = self.grads_finite(model)
+            if not worker_finite and where is None:
+                # the first worker whose gradients overflowed names it
+                where = self.locate_nonfinite(model, loss)
             del loss
-            finite = self.grads_finite(model) and finite
+            finite = worker_finite and finite
             worker_grads.append([(p.grad, p._loss_scale) for _, p in named])
         self.last_loss = float(numpy.mean(losses))
 
         def apply():
             simulated_mean(named, worker_grads, self.policy, epoch)
             optimizer.update()
-        self.finish_step(finite, apply, shard_loss=self.last_loss)
+        self.finish_step(finite, apply, where=where,
+                         shard_loss=self.last_loss)

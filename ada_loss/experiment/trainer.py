@@ -353,6 +353,8 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
                 list(keys), log_cfg.log_interval[1],
                 trigger=every('log_interval'),
                 filename=name.lower() + '.png'), name='Plot' + name)
+    trainer.extend(AE.SkipRecorder(echo=log_cfg.progress != 'none'),
+                   trigger=(1, 'iteration'))
     if getattr(scaling, 'ada', None) is not None:
         trainer.extend(AE.LossScaleRecorder(
             scaling, interval=log_cfg.loss_scale_interval))
@@ -369,6 +371,7 @@ def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
     info['status'] = R.DIVERGED if diverged else R.FINISHED
     info.update(metrics(diverged))
     info.update(skipped_steps=updater.skipped_steps,
+                skipped_by_layer=dict(updater.skipped_by_layer),
                 iterations=updater.iteration)
     if epoch:
         info['epoch'] = updater.epoch_detail

@@ -16,10 +16,14 @@ sum goes through :func:`add` with the same operands in the same order.
 """
 import chainer
 from chainer import function_node
+from chainer.functions.math.basic_math import add as _chainer_add
+from chainer.utils import type_check
 import numpy
 
 from ada_loss.formats import narrow, widen
 from ada_loss.functions.fp16_elementwise import emulates_fp16_elementwise
+
+_U16 = numpy.uint16
 
 
 class GradAccumulation(object):
@@ -46,8 +50,50 @@ class GradAccumulation(object):
                      for gx, g_in in zip(gxs, grad_inputs))
 
 
+def _has_nan(a):
+    """True if the float16 array ``a`` holds a NaN (one pass on its bits)."""
+    return a.size > 0 and int(
+        numpy.bitwise_and(a.view(_U16), _U16(0x7FFF)).max()) > 0x7C00
+
+
+def _sum(a, b):
+    """NumPy's ``a + b`` of two float16 NumPy arrays (broadcast), bit for
+    bit, as a float16 array (never a NumPy scalar), laid out as NumPy lays
+    out ``a + b``.
+
+    ``narrow(widen(b) + widen(a))``: b + a is the same sum (IEEE addition
+    commutes), and for NaN + NaN NumPy's float16 loop, whose compiled
+    scalar addition returns its second operand's payload, gives what the
+    float32 loops of two arrays of one shape give for b + a (the first
+    operand's; ``widen`` copies a broadcast view of one shape into an array
+    of its own). Where the shapes differ (or are 0-dim) NumPy broadcasts
+    with other float32 loops, some of which return the other payload:
+    there, if both operands hold a NaN, the elements where both are NaN are
+    set to b's NaN, quieted, which is what the float16 loop stores.
+    """
+    with numpy.errstate(invalid='ignore', over='ignore'):
+        s = narrow(widen(b) + widen(a))
+    if a.shape == b.shape and a.ndim > 0:
+        return s
+    if _has_nan(a) and _has_nan(b):
+        quiet_b = numpy.bitwise_or(b.view(_U16), _U16(0x0200))
+        numpy.copyto(s.view(_U16), numpy.broadcast_to(quiet_b, s.shape),
+                     where=numpy.isnan(a) & numpy.isnan(b))
+    return s
+
+
 class Add(GradAccumulation, function_node.FunctionNode):
-    """``a + b`` of two float16 NumPy arrays of one shape."""
+    """The sum of two or more float16 NumPy arrays, with broadcasting:
+    Chainer's ``Add`` (two addends) and ``MultiAdd`` (more), bit for bit.
+
+    Two addends: ``a + b``. More: as ``MultiAdd``, ``y = x0 + x1``, then
+    for each further x, ``y += x`` (in y's memory) if x has y's shape, else
+    ``y = x + y``; every partial sum rounded to float16, as NumPy rounds it.
+    Type checks and errors are Chainer's (``Add``'s for two addends,
+    ``MultiAdd``'s for more). The backward is Chainer's: ``sum_to`` of the
+    output gradient to each input's shape (the gradient itself where the
+    shapes agree), so double backpropagation is Chainer's too.
+    """
 
     is_elementwise = True
 
@@ -55,24 +101,42 @@ class Add(GradAccumulation, function_node.FunctionNode):
     def label(self):
         return '_ + _'
 
+    def check_type_forward(self, in_types):
+        if len(in_types) == 2:     # Chainer's Add
+            type_check._argname(in_types, ('lhs', 'rhs'))
+            type_check.expect(in_types[0].dtype == in_types[1].dtype)
+            type_check.expect_broadcast_shapes(
+                in_types[0].shape, in_types[1].shape)
+            return
+        for i, in_type in enumerate(in_types):     # Chainer's MultiAdd
+            type_check._argname((in_type,), ('x{}'.format(i),))
+            type_check.expect(in_types[0].dtype == in_type.dtype)
+
     def forward_cpu(self, inputs):
-        a, b = inputs
-        # b + a: the same sum (IEEE addition commutes), and for NaN + NaN the
-        # same NaN as NumPy's float16 loop, whose compiled scalar addition
-        # returns its second operand's payload (SIMD float32 addition
-        # returns the first one's)
-        with numpy.errstate(invalid='ignore', over='ignore'):
-            return narrow(widen(b) + widen(a)),
+        y = _sum(inputs[0], inputs[1])
+        for x in inputs[2:]:
+            if x.shape == y.shape:      # y += x
+                s = _sum(y, x)
+                if s.strides != y.strides:
+                    numpy.copyto(y, s)
+                    s = y
+                y = s
+            else:
+                y = _sum(x, y)
+        return y,
 
     def backward(self, indexes, grad_outputs):
-        # as Chainer's Add (sum_to of a same-shape gradient is the gradient)
-        return tuple(grad_outputs[0] for _ in indexes)
+        gy, = grad_outputs
+        return tuple(chainer.functions.sum_to(gy, self.inputs[i].shape)
+                     for i in indexes)
 
 
-def add(a, b):
-    """``a + b`` of Variables or arrays: through :class:`Add` for float16
-    NumPy arrays of one shape (emulated mode), else Chainer's own addition
-    (broadcasting, scalars, other dtypes). Same result bit for bit."""
-    if emulates_fp16_elementwise(a, b) and a.shape == b.shape:
-        return Add().apply((a, b))[0]
-    return chainer.functions.add(a, b)
+def add(*xs):
+    """:func:`chainer.functions.add`: ``lhs + rhs`` or the sum of any number
+    of Variables or arrays, broadcast. Two or more float16 NumPy arrays
+    (emulated mode) go through :class:`Add`; anything else (a scalar addend,
+    one addend, other dtypes, CuPy) to Chainer's own ``add``. Same result
+    bit for bit."""
+    if len(xs) >= 2 and emulates_fp16_elementwise(*xs):
+        return Add().apply(xs)[0]
+    return _chainer_add(*xs)

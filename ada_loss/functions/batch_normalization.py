@@ -24,6 +24,7 @@ backpropagation stay Chainer's.
 import numpy
 
 from chainer.functions.normalization import batch_normalization as _bn
+from chainer.utils import argument
 
 from ada_loss.formats import narrow, widen, widen_summable
 from ada_loss.functions.fp16_elementwise import emulates_fp16_elementwise
@@ -82,11 +83,18 @@ def select_impl(batch_norm_func, inputs):
     return _bn._impl_selector(batch_norm_func, inputs)
 
 
-def batch_normalization(x, gamma, beta, eps=2e-5, running_mean=None,
-                        running_var=None, decay=0.9, axis=None):
-    """:func:`chainer.functions.batch_normalization` with
-    :func:`select_impl`: the same node and results, faster on float16 NumPy
-    inputs with float32 γ/β."""
+def batch_normalization(x, gamma, beta, **kwargs):
+    """batch_normalization(x, gamma, beta, eps=2e-5, running_mean=None, \
+running_var=None, decay=0.9, axis=None)
+
+    :func:`chainer.functions.batch_normalization` (the same keyword-only
+    arguments and errors) with :func:`select_impl`: the same node and
+    results, faster on float16 NumPy inputs with float32 γ/β."""
+    eps, running_mean, running_var, decay, axis = argument.parse_kwargs(
+        kwargs, ('eps', 2e-5), ('running_mean', None),
+        ('running_var', None), ('decay', 0.9), ('axis', None),
+        train='train argument is not supported anymore. '
+        'Use chainer.using_config')
     return _bn.BatchNormalization(
         eps, running_mean, running_var, decay, axis,
         impl_selector=select_impl).apply((x, gamma, beta))[0]

@@ -87,14 +87,14 @@ class Convolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
 
     def __init__(self, stride=1, pad=0, cover_all=False, scale_key=None,
                  formats=None, output_scale=1, out_format=None,
-                 scaling=None, **kwargs):
+                 fit_output=False, scaling=None, **kwargs):
         super(Convolution2DFunction, self).__init__(stride, pad, cover_all,
                                                     **kwargs)
         self._init_gemm(scale_key, formats, scaling)
         _check_groups(self)
         if out_format is None and formats is not None:
             out_format = formats[0]
-        self._init_output(output_scale, out_format)
+        self._init_output(output_scale, out_format, fit_output)
 
     def grad_input_gain(self, W):
         # W: (out, in/groups, kh, kw); input channel c' of group k gets
@@ -103,13 +103,15 @@ class Convolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
         Wg = W.reshape(self.groups, out // self.groups, cin, kh, kw)
         return grad_input_gain(Wg, (1, 3, 4))
 
-    def grad_input(self, x, W, gy, scale=1):
-        gx, = Deconvolution2DFunction(
+    def grad_input(self, x, W, gy, scale=1, fit=False):
+        """(gx, the scale gx was produced at)."""
+        node = Deconvolution2DFunction(
             stride=(self.sy, self.sx), pad=(self.ph, self.pw),
             outsize=x.shape[2:], dilate=(self.dy, self.dx),
             groups=self.groups, output_scale=scale,
-            out_format=self.grad_format).apply((gy, W))
-        return gx
+            out_format=self.grad_format, fit_output=fit)
+        gx, = node.apply((gy, W))
+        return gx, node.applied_scale
 
     def grad_weight(self, x, W, gy, scale=1, fit=False):
         """(gW, the scale gW was produced at)."""
@@ -134,14 +136,14 @@ class Deconvolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
 
     def __init__(self, stride=1, pad=0, outsize=None, scale_key=None,
                  formats=None, output_scale=1, out_format=None,
-                 scaling=None, **kwargs):
+                 fit_output=False, scaling=None, **kwargs):
         super(Deconvolution2DFunction, self).__init__(stride, pad, outsize,
                                                       **kwargs)
         self._init_gemm(scale_key, formats, scaling)
         _check_groups(self)
         if out_format is None and formats is not None:
             out_format = formats[0]
-        self._init_output(output_scale, out_format)
+        self._init_output(output_scale, out_format, fit_output)
 
     def forward(self, inputs):
         ys = super(Deconvolution2DFunction, self).forward(inputs)
@@ -151,13 +153,15 @@ class Deconvolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
             self._set_cover_all(inputs[0].shape, inputs[1].shape)
         return ys
 
-    def grad_input(self, x, W, gy, scale=1):
-        gx, = Convolution2DFunction(
+    def grad_input(self, x, W, gy, scale=1, fit=False):
+        """(gx, the scale gx was produced at)."""
+        node = Convolution2DFunction(
             stride=(self.sy, self.sx), pad=(self.ph, self.pw),
             cover_all=self.cover_all, dilate=(self.dy, self.dx),
             groups=self.groups, output_scale=scale,
-            out_format=self.grad_format).apply((gy, W))
-        return gx
+            out_format=self.grad_format, fit_output=fit)
+        gx, = node.apply((gy, W))
+        return gx, node.applied_scale
 
     def grad_weight(self, x, W, gy, scale=1, fit=False):
         """(gW, the scale gW was produced at)."""

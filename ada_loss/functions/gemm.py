@@ -214,9 +214,11 @@ def bias_grad(gy, axis, out_format=None, scale=1):
 
 
 #: What :meth:`GemmFunction.backward_scaled` returns: the gradients (one per
-#: requested input, in order) and the scale the weight and bias gradients
-#: were produced at, relative to the incoming gradient's.
-GemmGrads = collections.namedtuple('GemmGrads', ('grads', 'weight_grad_scale'))
+#: requested input, in order) and the scales the input gradient and the
+#: weight and bias gradients were produced at, relative to the incoming
+#: gradient's.
+GemmGrads = collections.namedtuple(
+    'GemmGrads', ('grads', 'input_grad_scale', 'weight_grad_scale'))
 
 
 class GemmFunction(object):
@@ -320,7 +322,8 @@ class GemmFunction(object):
                       getattr(self, 'output_scale', 1))
 
     def backward_scaled(self, indexes, grad_outputs, input_scale=1,
-                        weight_scale=1, fit_weight_grad=False):
+                        weight_scale=1, fit_weight_grad=False,
+                        fit_input_grad=False):
         """The backward at layer-wise loss scales (Algorithm 3).
 
         Args:
@@ -334,11 +337,15 @@ class GemmFunction(object):
             fit_weight_grad: lower the weight gradient's scale further by the
                 power of two that fits it into the gradient format (FP16 or
                 the backward format) where it would overflow.
+            fit_input_grad: the same for the input gradient (its scale β
+                lowered by the power of two that fits it; the overflow guard
+                of the adaptive mode, not in the paper).
 
         Returns:
             GemmGrads: ``grads`` (gx, gW, gb as requested by ``indexes``,
-            each in its input's dtype) and ``weight_grad_scale``, the scale
-            gW and gb were produced at (relative to gy's).
+            each in its input's dtype), ``input_grad_scale`` and
+            ``weight_grad_scale``, the scales gx and gW, gb were produced at
+            (relative to gy's).
         """
         x, W = self.get_retained_inputs()
         gy = self.quantize_grad_output(grad_outputs[0])
@@ -367,8 +374,11 @@ class GemmFunction(object):
             # (the caller may have passed the cast one: the ⟨α, δ⟩ backward)
             gy_b = getattr(grad_outputs[0], '_ada_source', grad_outputs[0])
         ret = []
+        input_grad_scale = input_scale
         if 0 in indexes:
-            ret.append(self.grad_input(x, W_d, gy_d, input_scale))
+            gx, input_grad_scale = self.grad_input(x, W_d, gy_d, input_scale,
+                                                   fit_input_grad)
+            ret.append(gx)
         weight_grad_scale = weight_scale
         if 1 in indexes:
             gW, weight_grad_scale = self.grad_weight(
@@ -378,7 +388,7 @@ class GemmFunction(object):
             # the bias gradient shares the weight gradient's scale
             ret.append(bias_grad(gy_b, self.bias_axis, self.grad_format,
                                  weight_grad_scale))
-        return GemmGrads(tuple(ret), weight_grad_scale)
+        return GemmGrads(tuple(ret), input_grad_scale, weight_grad_scale)
 
 
 def gemm_function_types():

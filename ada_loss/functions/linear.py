@@ -12,8 +12,8 @@ class LinearGradData(ScaledOutput, _linear.LinearGradData):
 
     scaled_input = 1
 
-    def __init__(self, output_scale=1, out_format=None):
-        self._init_output(output_scale, out_format)
+    def __init__(self, output_scale=1, out_format=None, fit_output=False):
+        self._init_output(output_scale, out_format, fit_output)
 
     def result_dtype(self, inputs):
         return inputs[1].dtype
@@ -58,9 +58,11 @@ class LinearFunction(GradAccumulation, GemmFunction, ScaledOutput,
         self._init_gemm(scale_key, formats, scaling)
         self._init_output(out_format=None if formats is None else formats[0])
 
-    def grad_input(self, x, W, gy, scale=1):
-        gx, = LinearGradData(scale, self.grad_format).apply((W, gy))
-        return gx
+    def grad_input(self, x, W, gy, scale=1, fit=False):
+        """(gx, the scale gx was produced at)."""
+        node = LinearGradData(scale, self.grad_format, fit)
+        gx, = node.apply((W, gy))
+        return gx, node.applied_scale
 
     def grad_weight(self, x, W, gy, scale=1, fit=False):
         """(gW, the scale gW was produced at)."""

@@ -14,10 +14,14 @@ operations, reproducing NumPy's float16 semantics exactly (checked on all
   gy · 0 = a zero with gy's sign. A non-finite gy (Inf · 0 is NaN, a NaN is
   quieted by the multiplication) sends the whole array through NumPy's own
   expression: exact, and rare (an overflowing loss-scaled step).
+
+A 0-dim array gives a 0-dim array, as Chainer's (NumPy's integer ufuncs
+return a NumPy scalar there, which ``force_array`` makes an array again).
 """
-import chainer
 import numpy
 from chainer import function_node
+from chainer.functions.activation.relu import relu as _chainer_relu
+from chainer.utils import force_array
 
 from ada_loss.functions.add import GradAccumulation
 from ada_loss.functions.fp16_elementwise import emulates_fp16_elementwise
@@ -38,9 +42,9 @@ class ReLU(GradAccumulation, function_node.FunctionNode):
         x, = inputs
         u = _bits(x)
         keep = (u - _U16(0x8001)) >= _U16(0x7C00)   # not x < 0
-        y = numpy.multiply(u, keep, dtype=_U16).view(numpy.float16)
+        y = force_array(numpy.multiply(u, keep, dtype=_U16))
         self.retain_outputs((0,))
-        return y,
+        return y.view(numpy.float16),
 
     def backward(self, indexes, grad_outputs):
         y = self.get_retained_outputs()[0].raw_array
@@ -66,14 +70,13 @@ class ReLUGrad(GradAccumulation, function_node.FunctionNode):
         mags = numpy.bitwise_and(g, _U16(0x7FFF))
         if mags.size and int(mags.max()) >= 0x7C00:
             # Inf or NaN in gy: NumPy's own float16 expression (exact)
-            return chainer.utils.force_array(gy * (self.y > 0),
-                                             dtype=gy.dtype),
+            return force_array(gy * (self.y > 0), dtype=gy.dtype),
         positive = (_bits(self.y) - _U16(1)) < _U16(0x7C00)   # 0 < y
         # 0xFFFF keeps gy, 0x8000 keeps its sign only (gy · 0)
         mask = numpy.multiply(positive, _U16(0x7FFF), dtype=_U16)
         mask |= _U16(0x8000)
         # gy first: the result is laid out as NumPy lays out gy * (y > 0)
-        return numpy.bitwise_and(g, mask).view(numpy.float16),
+        return force_array(numpy.bitwise_and(g, mask)).view(numpy.float16),
 
     def backward(self, indexes, grad_outputs):
         return ReLUGrad(self.y).apply(grad_outputs)
@@ -81,7 +84,9 @@ class ReLUGrad(GradAccumulation, function_node.FunctionNode):
 
 def relu(x):
     """:func:`chainer.functions.relu`; on float16 NumPy arrays (emulated
-    mode) through :class:`ReLU`, with the same result bit for bit."""
+    mode) through :class:`ReLU`, with the same result bit for bit; anything
+    else through Chainer's own ``relu`` (also where this function has been
+    put in ``chainer.functions``' place)."""
     if emulates_fp16_elementwise(x):
         return ReLU().apply((x,))[0]
-    return chainer.functions.relu(x)
+    return _chainer_relu(x)

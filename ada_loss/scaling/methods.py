@@ -53,6 +53,14 @@ class LossScaling(object):
     def update(self, found_nonfinite):
         """Called after every step (skipped or not)."""
 
+    def last_nonfinite(self):
+        """Where the last backward's first non-finite gradient entered a
+        layer (:data:`ada_loss.adaptive.backward.NonFinite`), for the
+        layer-wise methods, which see every layer's incoming gradient;
+        None otherwise (the updater then names the first parameter, in
+        backward order, whose gradient is non-finite)."""
+        return None
+
     @property
     def scale(self):
         """The current (initial, for adaptive) loss scale, for reports."""
@@ -151,11 +159,12 @@ class AdaptiveScaling(LossScaling):
 
     def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt=None, bound='output', max_layer_scale=None,
-                 max_accum_scale=None):
+                 max_accum_scale=None, guard=True, backoff_window=100):
         self._init(dict(
             init_scale=init_scale, t_uf=t_uf, update_interval=update_interval,
             fmt=fmt, bound=bound, max_layer_scale=max_layer_scale,
-            max_accum_scale=max_accum_scale))
+            max_accum_scale=max_accum_scale, guard=guard,
+            backoff_window=backoff_window))
 
     def _init(self, options):
         self.options = options
@@ -185,6 +194,13 @@ class AdaptiveScaling(LossScaling):
         with _scaled_backward():
             self.ada.backward(loss)
 
+    def update(self, found_nonfinite):
+        if self.ada is not None:
+            self.ada.step_done(found_nonfinite)
+
+    def last_nonfinite(self):
+        return self.ada.last_nonfinite() if self.ada is not None else None
+
     def loss_scales(self):
         return self.ada.loss_scales() if self.ada is not None else {}
 
@@ -210,7 +226,8 @@ class AmaxScaling(AdaptiveScaling):
     _impl = 'AmaxLossScaled'
 
     def __init__(self, init_scale=1.0, margin=8, history=16, fmt=None,
-                 max_accum_scale=2.0 ** 24):
+                 max_accum_scale=2.0 ** 24, guard=True, backoff_window=100):
         self._init(dict(init_scale=init_scale, margin=margin,
                         history=history, fmt=fmt,
-                        max_accum_scale=max_accum_scale))
+                        max_accum_scale=max_accum_scale, guard=guard,
+                        backoff_window=backoff_window))

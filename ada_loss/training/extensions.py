@@ -189,6 +189,32 @@ class LossScaleRecorder(CSVRecorder):
                 for layer, alpha in alphas.items()]
 
 
+class SkipRecorder(CSVRecorder):
+    """``skips.csv``: one row per skipped step (the updater's
+    :attr:`~ada_loss.training.MixedPrecisionUpdater.last_skip`): the
+    iteration, the first layer in backward order whose gradient went
+    non-finite, the scale α it was carried at and the largest magnitude it
+    reached; with ``echo``, the same as one console line."""
+
+    header = ('iteration', 'layer', 'alpha', 'max_abs')
+
+    def __init__(self, filename='skips.csv', echo=True):
+        super(SkipRecorder, self).__init__(filename)
+        self.echo = echo
+
+    def rows(self, trainer):
+        skip = getattr(trainer.updater, 'last_skip', None)
+        if skip is None or skip.iteration != trainer.updater.iteration:
+            return []
+        if self.echo:
+            print('skipped step {}: first non-finite gradient in backward '
+                  'order: {} (scale {:g}, max |g| {})'.format(
+                      skip.iteration, skip.layer or '(another rank)',
+                      skip.alpha, skip.max_abs))
+        return [[skip.iteration, skip.layer, repr(float(skip.alpha)),
+                 repr(float(skip.max_abs))]]
+
+
 class LogCSV(extension.Extension):
     """Writes the log of the ``LogReport`` extension as CSV (columns: the
     union of the logged keys, in order of appearance). Register it after

@@ -1,10 +1,13 @@
 """StandardUpdater whose backward is done by a loss-scaling method."""
+import collections
+
 import chainer
 import numpy
 from chainer import backend
 from chainer.training import updaters
 
 from ada_loss.errors import NonFiniteGradientError
+from ada_loss.training.skips import SkipRecord, locate_nonfinite
 
 
 def _format_params(model):
@@ -93,6 +96,10 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
     adaptive) it is skipped and counted; otherwise
     :class:`NonFiniteGradientError` is raised.
 
+    A skipped step is located (:mod:`ada_loss.training.skips`): the first
+    layer in backward order whose gradient went non-finite, kept as
+    :attr:`last_skip` and counted per layer in :attr:`skipped_by_layer`.
+
     Reports ``loss_scale`` and ``skipped_steps`` (cumulative) every step.
     ``optimizer.epoch`` advances as under ``StandardUpdater``: once each
     time the iterator starts a new epoch, skipped steps included.
@@ -114,6 +121,11 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         self.loss_scaling = loss_scaling
         self.mode = mode
         self.skipped_steps = 0
+        #: {layer: skipped steps it was named in} (``''``: another rank's)
+        self.skipped_by_layer = collections.Counter()
+        #: the :data:`~ada_loss.training.skips.SkipRecord` of the last
+        #: skipped step, or None
+        self.last_skip = None
         loss_scaling.bind(optimizer.target)
 
     def update_core(self):
@@ -127,15 +139,33 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         model.cleargrads()
         loss = call_loss(loss_func, in_arrays)
         self.loss_scaling.backward(loss)
+        finite = self.grads_finite(model)
+        where = None if finite else self.locate_nonfinite(model, loss)
         del loss
-        self.finish_step(self.grads_finite(model), optimizer.update)
+        self.finish_step(finite, optimizer.update, where=where)
 
-    def finish_step(self, finite, apply, **observations):
+    def locate_nonfinite(self, model, loss):
+        """(layer, α, max|g|) of the first non-finite gradient of this step
+        in backward order (see :mod:`ada_loss.training.skips`)."""
+        found = self.loss_scaling.last_nonfinite()
+        if found is not None:
+            layer = found.layer if isinstance(found.layer, str) else \
+                str(found.layer)
+            return layer, float(found.alpha), float(found.max_abs)
+        fmt = self.loss_scaling.fmt
+        in_format = _format_params(model) if fmt is not None and \
+            fmt.saturates else None
+        return locate_nonfinite(
+            model, loss, lambda p: _overflowed(p, fmt, in_format),
+            self.loss_scaling.scale)
+
+    def finish_step(self, finite, apply, where=None, **observations):
         """The end of a step, after the backward: ``apply()`` (the update)
-        if the gradients are ``finite``, else the step is skipped and counted
-        (or :class:`NonFiniteGradientError` raised for a mode that cannot
-        recover); then the loss scale's update, the epoch, and the report
-        (``loss_scale``, ``skipped_steps`` and ``observations``)."""
+        if the gradients are ``finite``, else the step is skipped, located
+        (``where``: (layer, α, max|g|), see :meth:`locate_nonfinite`) and
+        counted (or :class:`NonFiniteGradientError` raised for a mode that
+        cannot recover); then the loss scale's update, the epoch, and the
+        report (``loss_scale``, ``skipped_steps`` and ``observations``)."""
         iterator = self._iterators['main']
         optimizer = self._optimizers['main']
         model = optimizer.target
@@ -143,13 +173,19 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
             apply()
         else:
             self.skipped_steps += 1
+            layer, alpha, peak = where or ('', self.loss_scaling.scale,
+                                           float('nan'))
+            self.last_skip = SkipRecord(self.iteration + 1, layer, alpha,
+                                        peak)
+            self.skipped_by_layer[layer] += 1
             if not self.loss_scaling.recovers:
                 raise NonFiniteGradientError(
                     'non-finite gradient (Inf/NaN) at iteration {} with loss '
-                    'scaling mode {!r} in: {}. This mode cannot recover by '
-                    'skipping steps; use a smaller fixed scale, or the '
-                    'dynamic or adaptive mode.'.format(
-                        self.iteration + 1, self.mode,
+                    'scaling mode {!r}, first in backward order in layer '
+                    '{!r} (scale {:g}, max |g| {}), then in: {}. This mode '
+                    'cannot recover by skipping steps; use a smaller fixed '
+                    'scale, or the dynamic or adaptive mode.'.format(
+                        self.iteration + 1, self.mode, layer, alpha, peak,
                         ', '.join(nonfinite_params(
                             model, self.loss_scaling.fmt)[:8])))
             model.cleargrads()
@@ -174,4 +210,23 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         super(MixedPrecisionUpdater, self).serialize(serializer)
         self.skipped_steps = int(serializer('skipped_steps',
                                             self.skipped_steps))
+        self._serialize_skips(serializer)
         self.loss_scaling.serialize(serializer['loss_scaling'])
+
+    def _serialize_skips(self, serializer):
+        # the per-layer counts (run.json) survive a resume
+        if isinstance(serializer, chainer.serializer.Deserializer):
+            try:
+                layers = str(serializer('skipped_layers', ''))
+            except KeyError:        # a snapshot from before the report
+                return
+            counts = serializer('skipped_counts', None)
+            layers = layers.split('\n') if counts is not None and \
+                len(counts) else []
+            self.skipped_by_layer = collections.Counter(
+                {k: int(v) for k, v in zip(layers, counts)})
+        else:
+            layers = sorted(self.skipped_by_layer)
+            serializer('skipped_layers', '\n'.join(layers))
+            serializer('skipped_counts', numpy.array(
+                [self.skipped_by_layer[k] for k in layers], numpy.int64))

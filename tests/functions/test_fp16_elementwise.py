@@ -185,9 +185,210 @@ def test_add_graph():
     y.backward()
     assert va.grad is g or numpy.array_equal(bits(va.grad), bits(g))
     assert_same(y, F.add(a, b))
-    # broadcasting and float32 go to Chainer
-    assert not isinstance(AF.add(va, vb[:1]).creator, Add)
+    # broadcasting goes through Add too (bit for bit: test_add_broadcast_*);
+    # float32, a scalar addend and a single addend go to Chainer
+    assert isinstance(AF.add(va, vb[:1]).creator, Add)
     assert not isinstance(AF.add(a.astype(F32), b.astype(F32)).creator, Add)
+    assert not isinstance(AF.add(va, F16(2)).creator, Add)
+    assert not isinstance(AF.add(va).creator, Add)
+
+
+def random_halves(rs, shape, nan_share=0.25):
+    """float16 arrays of any pattern, a share of them NaNs with payloads of
+    both signs (quiet and signaling), the first element always one."""
+    u = numpy.array(rs.randint(0, 1 << 16, shape), U16)
+    nan = numpy.array(rs.uniform(size=shape) < nan_share)
+    nan.reshape(-1)[:1] = True
+    u[nan] = (u[nan] & U16(0x83FF)) | U16(0x7C01)
+    return u.view(F16)
+
+
+def chainer_sum(*xs):
+    """Chainer's own F.add of float16 NumPy arrays."""
+    with native(), numpy.errstate(all='ignore'):
+        y = AF.add(*xs)
+    assert not isinstance(y.creator, Add)
+    return y
+
+
+# TestMultipleAdd's shapes (Chainer 7.8.1), 0-dim ones included, and larger
+# ones past widen's and narrow's table thresholds, NHWC-ordered among them
+ADD_SHAPES = [
+    ((3, 2), (3, 2)), ((), ()), ((1, 3), ()), ((), (2, 1, 2)),
+    ((3, 1), (1, 1)), ((3, 1), (2,)), ((2, 1, 2, 1), (1, 3)),
+    ((1, 5), (5, 5)), ((5, 5), (5, 1)), ((1,), (5000,)), ((5000,), (1,)),
+    ((64, 1), (1, 64)), ((4, 8, 32, 32), (1, 8, 1, 1)),
+    ((1, 8, 1, 1), (4, 8, 32, 32)), ((4, 8, 32, 1), (4, 8, 32, 32)),
+    ((4, 8, 32, 32), 'nhwc', (1, 8, 1, 1)), ((4, 8, 32, 32), 'nhwc', ()),
+    ((4, 8, 32, 32), (4, 8, 32, 32), 'nhwc'),
+]
+
+
+def _add_operands(rs, spec):
+    xs, i = [], 0
+    while i < len(spec):
+        x = random_halves(rs, spec[i])
+        if i + 1 < len(spec) and spec[i + 1] == 'nhwc':
+            x, i = _nhwc(x), i + 1
+        xs.append(x)
+        i += 1
+    return xs
+
+
+@pytest.mark.parametrize('spec', ADD_SHAPES, ids=str)
+def test_add_broadcast_two_addends_bits(spec):
+    """a + b, b + a with broadcasting, any patterns, NaN + NaN included:
+    values, dtype, shape and memory order of Chainer's F.add."""
+    rs = numpy.random.RandomState(len(str(spec)))
+    a, b = _add_operands(rs, spec)
+    assert (numpy.isnan(a) & numpy.isnan(b)).any()
+    for x, y in ((a, b), (b, a)):
+        out = AF.add(x, y)
+        assert isinstance(out.creator, Add)
+        assert_same(out, chainer_sum(x, y))
+        assert type(out.array) is numpy.ndarray
+
+
+def test_add_broadcast_views_of_one_shape():
+    """Addends of one shape, one of them a broadcast view (0 strides), NaN +
+    NaN included: Chainer's bits (widen copies the view, so NumPy's loops
+    for arrays of one shape run)."""
+    rs = numpy.random.RandomState(2)
+    for shape, row in (((64, 64), (1, 64)), ((64, 64), (64, 1)),
+                       ((8, 4096), (1, 4096)), ((8, 4096), (8, 1))):
+        a = random_halves(rs, shape)
+        b = numpy.broadcast_to(random_halves(rs, row), shape)
+        for x, y in ((a, b), (b, a)):
+            assert_same(AF.add(x, y), chainer_sum(x, y))
+
+
+def test_add_broadcast_nan_rule_is_needed():
+    """Where an operand is broadcast NumPy's float32 loops do not all give
+    NaN + NaN the float16 loop's NaN (the second operand's): without Add's
+    rule for it the sum would differ, with it it does not."""
+    from ada_loss.formats import narrow
+    rs = numpy.random.RandomState(1)
+    differs = 0
+    for spec in ADD_SHAPES:
+        a, b = _add_operands(rs, spec)
+        with numpy.errstate(all='ignore'):
+            plain = narrow(numpy.asarray(widen(b) + widen(a)))
+        ref = chainer_sum(a, b).array
+        differs += not numpy.array_equal(bits(plain), bits(ref))
+        assert_same(Add().forward((a, b))[0], ref)
+    assert differs >= 2
+
+
+@pytest.mark.parametrize('n', [3, 4, 5])
+@pytest.mark.parametrize('spec', [
+    ((3, 2),) * 3, ((),) * 3, ((1, 3), (), (2, 1, 2, 1)),
+    ((), (2, 1, 2), (3, 1)), ((3, 1), (1, 1), (2,)),
+    # y += x in y's memory order, whatever x's (NHWC y, C x and back)
+    ((4, 8, 32, 32), 'nhwc', (4, 8, 32, 32), 'nhwc', (4, 8, 32, 32)),
+    ((4, 8, 32, 32), (4, 8, 32, 32), (4, 8, 32, 32), 'nhwc'),
+    ((4, 8, 32, 32), (1, 8, 1, 1), (4, 8, 1, 32), (4, 8, 32, 32), 'nhwc'),
+], ids=str)
+def test_add_many_addends_bits(spec, n):
+    """F.add(*xs) of 3..5 float16 arrays: MultiAdd's partial sums, each
+    rounded, in MultiAdd's order and memory order."""
+    rs = numpy.random.RandomState(n)
+    xs = _add_operands(rs, spec)
+    xs = (xs * 2)[:n]
+    out = AF.add(*xs)
+    assert isinstance(out.creator, Add) and len(out.creator.inputs) == n
+    assert_same(out, chainer_sum(*xs))
+
+
+def test_add_many_addends_rounds_each_partial_sum():
+    """(65504 + 16) + (-16): each partial sum rounded to float16 (Inf), not
+    the float32 sum of all three rounded once (65504)."""
+    xs = [numpy.array([65504.0, 1.0], F16), numpy.array([16.0, 2.0 ** -11],
+                                                         F16),
+          numpy.array([-16.0, 2.0 ** -11], F16)]
+    y = AF.add(*xs).array
+    assert numpy.isinf(y[0]) and y[1] == 1.0     # 1 + 2^-11 rounds to 1
+    assert_same(y, chainer_sum(*xs))
+
+
+@pytest.mark.parametrize('spec', [
+    ((3, 2),) * 3, ((),) * 3, ((1, 3), (), (2, 1, 2, 1)),
+    ((4, 8, 6, 6), 'nhwc', (1, 8, 1, 1)), ((), (2, 1, 2), (3, 1))],
+    ids=str)
+def test_add_graph_backward_and_double_backward(spec):
+    """Gradients (sum_to each input's shape) and second-order gradients of
+    F.add(*xs), emulated against native: same bits."""
+    rs = numpy.random.RandomState(0)
+    xs = _add_operands(rs, spec)
+    for x in xs:
+        x[...] = rs.uniform(.5, 1, x.shape)     # in each one's memory order
+    shape = numpy.broadcast_shapes(*(x.shape for x in xs))
+    gy = numpy.array(rs.standard_normal(shape) * 1e-5, F16)     # subnormals
+    ggs = [numpy.array(rs.standard_normal(x.shape), F16) for x in xs]
+    results = []
+    for mode in ('emulated', 'native'):
+        with chainer.using_config('fp16_elementwise', mode):
+            vs = [chainer.Variable(x) for x in xs]
+            vgy = chainer.Variable(gy)
+            y = AF.add(*vs)
+            assert isinstance(y.creator, Add) == (mode == 'emulated')
+            gxs = chainer.grad([y], vs, grad_outputs=[vgy],
+                               enable_double_backprop=True)
+            ggy, = chainer.grad(gxs, [vgy], grad_outputs=ggs)
+            results.append([y] + list(gxs) + [ggy])
+    for a, b in zip(*results):
+        assert_same(a, b)
+
+
+def test_add_errors_are_chainers():
+    """Shapes that do not broadcast: Chainer's InvalidType for two addends
+    (Add's type check), NumPy's ValueError for more (MultiAdd has none)."""
+    from chainer.utils.type_check import InvalidType
+    a = numpy.ones((3, 2), F16)
+    b = numpy.ones((4,), F16)
+    for f in (AF.add, F.add):
+        with pytest.raises(InvalidType):
+            f(a, b)
+        with pytest.raises(ValueError):
+            f(a, a, b)
+
+
+@pytest.mark.parametrize('value', [1.5, -1.5, 0.0, -0.0, 2.0 ** -24,
+                                   -2.0 ** -24, numpy.inf, -numpy.inf,
+                                   numpy.nan])
+def test_relu_zero_dim(value):
+    """relu of a 0-dim float16 array: a 0-dim array (not a NumPy scalar),
+    forward, backward and double backward as Chainer's."""
+    x = numpy.array(value, F16)
+    gy, gg = numpy.array(-3.0, F16), numpy.array(2.0 ** -20, F16)
+    results = []
+    for mode in ('emulated', 'native'):
+        with chainer.using_config('fp16_elementwise', mode):
+            v, vg = chainer.Variable(x), chainer.Variable(gy)
+            y = AF.relu(v)
+            assert isinstance(y.creator, ReLU) == (mode == 'emulated')
+            gx, = chainer.grad([y], [v], grad_outputs=[vg],
+                               enable_double_backprop=True)
+            ggy, = chainer.grad([gx], [vg], grad_outputs=[
+                chainer.Variable(gg)])
+            results.append((y, gx, ggy))
+    for a, b in zip(*results):
+        assert type(a.array) is numpy.ndarray and a.shape == ()
+        assert_same(a, b)
+
+
+def test_drop_in_in_chainer_functions_place(monkeypatch):
+    """Put in chainer.functions' place (as docs/drop_in.md's recipe does),
+    relu and add still reach Chainer's own functions for what they do not
+    emulate (float32, a scalar addend): no recursion."""
+    monkeypatch.setattr(chainer.functions, 'relu', AF.relu)
+    monkeypatch.setattr(chainer.functions, 'add', AF.add)
+    x = numpy.array([[-1.0, 2.0]], F32)
+    numpy.testing.assert_array_equal(F.relu(x).array, [[0.0, 2.0]])
+    numpy.testing.assert_array_equal(F.add(x, x, x).array, [[-3.0, 6.0]])
+    numpy.testing.assert_array_equal(F.add(x, 1.0).array, [[0.0, 3.0]])
+    h = x.astype(F16)
+    assert isinstance(F.add(h, h, h[:, :1]).creator, Add)
+    assert isinstance(F.relu(h[0, 0, ...]).creator, ReLU)    # 0-dim
 
 
 # -- batch normalization ---------------------------------------------------
@@ -278,6 +479,21 @@ def test_batch_normalization_function_and_edge_values():
     assert numpy.isnan(ref['y']).any()
     for k in ('y', 'gx', 'ggamma', 'gbeta', 'mean', 'var'):
         assert_same(fast[k], ref[k])
+
+
+def test_batch_normalization_arguments_and_errors_are_chainers():
+    """Keyword-only settings, as Chainer's: a positional eps, ``train=`` and
+    an unknown keyword raise what Chainer raises."""
+    x, _ = _bn_inputs((4, 3, 2, 2), 'nchw')
+    g, b = numpy.ones(3, F32), numpy.zeros(3, F32)
+    for f in (AF.batch_normalization, F.batch_normalization):
+        assert f(x, g, b, eps=1e-3, decay=0.5).shape == x.shape
+        with pytest.raises(TypeError):
+            f(x, g, b, 1e-3)
+        with pytest.raises(ValueError, match='train argument'):
+            f(x, g, b, train=True)
+        with pytest.raises(TypeError, match='unexpected'):
+            f(x, g, b, epsilon=1e-3)
 
 
 def test_batch_normalization_link_conversion_and_eval():

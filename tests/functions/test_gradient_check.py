@@ -57,7 +57,7 @@ def _unscaled(node_type, beta, gamma, declared, alpha=1.0):
     class Unscaled(node_type):
         def backward(self, indexes, grad_outputs):
             gy = grad_outputs[0] * alpha
-            grads, w_scale = self.backward_scaled(
+            grads, _, w_scale = self.backward_scaled(
                 indexes, (gy,), input_scale=beta, weight_scale=gamma,
                 fit_weight_grad=True)
             declared.append(w_scale)
@@ -177,7 +177,7 @@ def test_chainer_backward_is_backward_scaled_at_scale_one():
     gy = chainer.Variable(_uniform(rs, y.shape, F16))
     with chainer.no_backprop_mode():
         plain = node.backward((0, 1, 2), (gy,))
-        grads, w_scale = node.backward_scaled((0, 1, 2), (gy,))
+        grads, _, w_scale = node.backward_scaled((0, 1, 2), (gy,))
     assert w_scale == 1
     for p, g in zip(plain, grads):
         assert p.dtype == g.dtype == F16

@@ -194,11 +194,14 @@ def _fp8_run(mode, steps=200):
 def test_fp8_e4m3_underflow_and_overflow():
     uf_none, skipped_none = _fp8_run('none')
     uf_ada, skipped_ada = _fp8_run('adaptive')
-    uf_paper, skipped_paper = _fp8_run('adaptive:bound=product')
+    uf_paper, skipped_paper = _fp8_run('adaptive:bound=product,guard=false')
+    _, skipped_guarded = _fp8_run('adaptive:bound=product')
     # without scaling most nonzero activation gradients underflow to zero
     assert uf_none > 0.9 and skipped_none == 0
     # adaptive, default bound: no overflow step, far fewer underflows
     assert skipped_ada == 0
     assert uf_ada < uf_none / 5
-    # the paper's bound on one product lets the GEMM outputs overflow
+    # the paper's bound on one product lets the GEMM outputs overflow ...
     assert skipped_paper > 50
+    # ... unless the guard fits each GEMM's input gradient into the format
+    assert skipped_guarded == 0
