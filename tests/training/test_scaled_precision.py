@@ -306,3 +306,37 @@ def test_delayed_state_evaluation_and_serialization(tmp_path):
         assert d.scale == state[r][1] and d.scale != 1
     with np.load(path) as npz:
         assert 'predictor/conv1/gemm_scaling/gy/amax_history' in npz.files
+
+
+@pytest.mark.parametrize('precision', ['fp8:recipe=current,out=bf16',
+                                       'mxfp8:out=bf16'])
+def test_bf16_outputs(precision):
+    """out=bf16: every GEMM output and produced gradient is a bfloat16
+    value; the forward is bf16(FP32 GEMM of the cast bf16 operands)."""
+    bf16 = get_format('bfloat16')
+    p = parse_precision(precision)
+    fe = ML_NAME[str(p.fwd)]
+    np.random.seed(2)
+    net = Net()
+    apply_precision(net, precision)
+    x, t = _batches(1)[0]
+    net.cleargrads()
+    h = net.conv(x)
+    y = net.fc(F.relu(h))
+    F.softmax_cross_entropy(y, t).backward()
+    for a in (h.array, y.array, net.conv.W.grad, net.fc.W.grad,
+              net.fc.b.grad):
+        assert np.array_equal(bf16.quantize(a), a)
+    assert not np.array_equal(get_format('fp8_e4m3').quantize(h.array),
+                              h.array)
+
+    def cast(a, axis):
+        a = bf16.quantize(a)
+        if p.recipe.kind == 'mx':
+            return reference_mx(a, fe, axis, 32, 'up')[0]
+        s = reference_current_scale(np.abs(a).max(), fe)
+        return reference_per_tensor(a, fe, s)
+    want = bf16.quantize(F.convolution_2d(
+        cast(x, 1), cast(net.conv.W.array, 1),
+        bf16.quantize(net.conv.b.array), pad=1).array)
+    assert np.array_equal(h.array, want)
