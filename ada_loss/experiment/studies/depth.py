@@ -16,8 +16,10 @@ the control), model, data, train, log — plus a ``study`` section:
 Every run is a run of the classification study, through the one run path,
 into ``<out>/<table>/<precision>/<run>/``: resumable, finished runs skipped.
 Written at the end, from whatever runs have finished: ``table1.md`` (rows =
-depth; columns FP32, then per precision None, Fixed (best), Dynamic,
-Adaptive, Amax), ``table4.md`` (the fixed sweep per depth and precision),
+depth; columns FP32, then per precision None, Fixed (best), Fixed
+(held-out: chosen on the other seeds), Dynamic, Adaptive (paper:
+``guard=false``), Adaptive, Amax; then adaptive against the held-out fixed
+scale paired by seed), ``table4.md`` (the fixed sweep per depth and precision),
 ``fig4a.png`` (α per layer over training, adaptive, FP8), ``fig4b.png``
 (underflow rate of the gradient entering each GEMM: none vs best fixed vs
 adaptive, FP8), ``fig4_records.csv`` and ``results.json``.
@@ -43,7 +45,13 @@ from ada_loss.scaling import parse_mode
 
 matplotlib.use('Agg')
 
-COLUMNS = ('None', 'Fixed (best)', 'Dynamic', 'Adaptive', 'Amax')
+COLUMNS = ('None', 'Fixed (best)', 'Fixed (held-out)', 'Dynamic',
+           'Adaptive (paper)', 'Adaptive', 'Amax')
+
+#: modes whose runs an earlier edition's ``results.json`` may supply
+#: (``study.reuse``): those on Chainer's own backward (plain or scaled), which the overflow
+#: guard and the layer-wise changes do not touch
+REUSABLE = ('fp32', 'none', 'fixed', 'dynamic')
 
 
 @dataclasses.dataclass
@@ -64,6 +72,10 @@ class StudySettings:
     downsample: int = setting(2, 'average pooling factor of the 28x28 '
                               'images (CPU budget)', minimum=1)
     fig4: Fig4 = section(Fig4)
+    reuse: str = setting('', "an earlier edition's results.json: its none, "
+                         'fixed and dynamic runs fill the cells that have '
+                         'no run folder here (check one cell reproduces '
+                         'first)')
 
 
 @dataclasses.dataclass
@@ -128,13 +140,28 @@ class DepthStudy(classification.ClassificationStudy):
 
 
 def collect(study, cfg, out):
-    """{(precision, model, mode): [run.json dicts]} of the existing runs."""
+    """{(precision, model, mode): [run.json dicts]} of the existing runs
+    (and of ``study.reuse``'s, see :data:`REUSABLE`)."""
     runs = collections.defaultdict(list)
     for cell in study.cells(cfg):
         info = R.read_run(study.folder(out, cfg, cell))
         if info:
             runs[(cell.precision, cell.model, cell.mode)].append(info)
+        elif cfg.study.reuse and parse_mode(cell.mode).name in REUSABLE:
+            old = _reused(cfg.study.reuse).get(
+                (cell.precision, cell.model, cell.mode, cell.seed))
+            if old is not None:
+                runs[(cell.precision, cell.model, cell.mode)].append(
+                    dict(old, reused=True))
     return runs
+
+
+def _reused(path):
+    """{(precision, model, mode, seed): run dict} of a results.json."""
+    with open(path) as f:
+        raw = json.load(f)
+    return {tuple(k.split('|')) + (r['seed'],): r
+            for k, rs in raw.items() for r in rs}
 
 
 def stats(runs):
@@ -165,9 +192,70 @@ def cell_text(s, note=''):
 
 
 def _column(mode):
-    name = parse_mode(mode).name
+    spec = parse_mode(mode)
+    if spec.name == 'adaptive' and spec.options.get('guard') is False:
+        return 'Adaptive (paper)'
     return {'none': 'None', 'dynamic': 'Dynamic', 'adaptive': 'Adaptive',
-            'amax': 'Amax'}.get(name)
+            'amax': 'Amax'}.get(spec.name)
+
+
+def _accuracy(run):
+    if run.get('status') != R.FINISHED or \
+            run.get('final_test_accuracy') is None:
+        return None
+    return 100.0 * run['final_test_accuracy']
+
+
+def held_out_fixed(runs, precision, model):
+    """The best fixed scale chosen without the seed it is scored on (the
+    winner's curse: the best of five noisy means is biased upward): for
+    each seed, the scale with the best mean accuracy over the *other*
+    seeds, scored on this seed. Returns ({seed: run dict}, {seed: S})."""
+    sweep = {mode: {r['seed']: r for r in rs}
+             for (p, m, mode), rs in runs.items()
+             if p == precision and m == model and mode.startswith('fixed:')}
+    seeds = sorted({s for by_seed in sweep.values() for s in by_seed})
+    chosen, scales = {}, {}
+    for seed in seeds:
+        best = None
+        for mode, by_seed in sweep.items():
+            others = [_accuracy(r) for s, r in by_seed.items() if s != seed]
+            if not others or None in others or seed not in by_seed:
+                continue
+            mean = float(numpy.mean(others))
+            if best is None or mean > best[0]:
+                best = (mean, mode)
+        if best is not None:
+            chosen[seed] = sweep[best[1]][seed]
+            scales[seed] = best[1].split(':')[1]
+    return chosen, scales
+
+
+def paired(cfg, runs, mode='adaptive'):
+    """Per depth and precision: ``mode`` against the held-out fixed scale,
+    paired by seed: the mean difference (points), its sample std, and the
+    seeds where ``mode`` is ahead."""
+    header = ['Depth', 'Precision', 'n', '{} − Fixed (held-out)'.format(mode),
+              'ahead']
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    for m in cfg.grid.models:
+        for p in cfg.grid.precisions:
+            fixed, _ = held_out_fixed(runs, p, m)
+            mine = {r['seed']: r for r in runs.get((p, m, mode), [])}
+            diffs = []
+            for seed, r in sorted(mine.items()):
+                a, b = _accuracy(r), _accuracy(fixed.get(seed, {}))
+                if a is None or b is None:
+                    continue
+                diffs.append(a - b)
+            if not diffs:
+                continue
+            std = float(numpy.std(diffs, ddof=1)) if len(diffs) > 1 else None
+            lines.append('| {} | {} | {} | {:+.2f}{} | {}/{} |'.format(
+                m, p, len(diffs), float(numpy.mean(diffs)),
+                '' if std is None else ' ± {:.2f}'.format(std),
+                sum(d > 0 for d in diffs), len(diffs)))
+    return '\n'.join(lines)
 
 
 def best_fixed(runs, precision, model):
@@ -203,10 +291,16 @@ def table1(cfg, runs):
                 if pp == p and mm == m and _column(mode):
                     by_col[_column(mode)] += rs
             mode, s = best_fixed(runs, p, m)
+            held, scales = held_out_fixed(runs, p, m)
             for c in COLUMNS:
                 if c == 'Fixed (best)':
                     row.append(cell_text(s, ' (S={})'.format(
                         mode.split(':')[1])) if s else '—')
+                elif c == 'Fixed (held-out)':
+                    row.append(cell_text(stats(list(held.values())), ' (S={})'
+                                         .format('/'.join(
+                                             scales[k] for k in sorted(
+                                                 scales)))) if held else '—')
                 else:
                     row.append(cell_text(stats(by_col.get(c, []))))
         lines.append('| ' + ' | '.join(row) + ' |')
@@ -336,12 +430,19 @@ def write_outputs(cfg, out, runs):
           '(n = finished runs); [k skipped] = mean skipped steps per run.\n')
     t4 = ('**Fixed loss scale sweep per depth (Table 4 style)**\n\n'
           + table4(cfg, runs) + '\n')
+    t1 += ('\n**Paired by seed: adaptive (default) against the fixed scale '
+           'chosen on the other seeds**\n\n' + paired(cfg, runs) + '\n')
+    reused = sum(bool(r.get('reused')) for rs in runs.values() for r in rs)
+    if reused:
+        t1 += ('\n{} runs (none, fixed, dynamic) are the earlier edition\'s '
+               '(study.reuse: {}).\n'.format(reused, cfg.study.reuse))
     atomic.write_text(os.path.join(folder, 'table1.md'), t1)
     atomic.write_text(os.path.join(folder, 'table4.md'), t4)
     atomic.write_text(os.path.join(folder, 'results.json'), json.dumps(
         {'{}|{}|{}'.format(*k): [{key: r.get(key) for key in (
             'seed', 'status', 'final_test_accuracy', 'skipped_steps',
-            'wall_time_s')} for r in v] for k, v in sorted(runs.items())},
+            'skipped_by_layer', 'wall_time_s', 'reused') if key in r}
+            for r in v] for k, v in sorted(runs.items())},
         indent=1))
     return t1, t4
 
