@@ -234,6 +234,12 @@ class GemmFunction(object):
       this node rounds its output to it, and in the backward rounds the
       incoming gradient and every gradient it produces to the backward
       format.
+    * ``scaling``: the layer's :class:`ada_loss.formats.recipe.GemmScaling`
+      under a scaled recipe (per-tensor FP8, MX), or None. The node casts x
+      and W along their forward reductions (:attr:`reduction_axes`) and
+      retains the high-precision ones; the backward casts gy (per tensor:
+      once, reusing the forward's x and W copies; MX: per GEMM, re-casting
+      W and x from high precision along the dgrad and wgrad reductions).
 
     :meth:`backward` is Chainer's (every scale 1); the ⟨α, δ⟩ backward calls
     :meth:`backward_scaled` with the layer-wise scales instead.
