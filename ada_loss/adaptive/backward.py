@@ -125,54 +125,108 @@ def fit_ratio(peak, fmt):
     return ratio
 
 
-def _on_device(scale):
-    return is_device_scalar(scale)
+class HostScales(object):
+    """How one backward pass on NumPy arrays holds its scales: Python
+    floats. :class:`ScaledBackprop` chooses this or :class:`DeviceScales`
+    once per pass, from the loss's array."""
+
+    on_device = False
+
+    @staticmethod
+    def initial(value):
+        return value
+
+    @staticmethod
+    def product(a, b):
+        """α·β; β = 1 leaves α as it is."""
+        return a if b == 1 else a * b
+
+    @staticmethod
+    def rescale(v, ratio):
+        """``ratio · v`` for a power-of-two ``ratio``: exact up to
+        underflow."""
+        if ratio == 1:
+            return v
+        a = v.array
+        if a.dtype == numpy.float16:
+            # 2^-k may itself be below FP16's range: scale in FP32, round
+            # once.
+            a = (widen(a) * numpy.float32(ratio)).astype(a.dtype)
+        else:
+            a = a * a.dtype.type(ratio)
+        # NumPy turns a 0-dim array times a scalar into a scalar (the loss).
+        return chainer.Variable(chainer.utils.force_array(a),
+                                requires_grad=False)
+
+    @staticmethod
+    def common(scales, grads, u_max):
+        """Algorithm 5 for gradients ``grads`` (Variables) carried at
+        ``scales``: ``(α, [α/α_k])``."""
+        alpha = common_scale(scales, lambda k: _max_abs(grads[k]), u_max)
+        return alpha, [alpha / a for a in scales]
+
+    @staticmethod
+    def fused_sum(arrays, ratios):
+        """Σ ratio_k · array_k in one pass per term, or None (then the
+        caller rescales and folds with ``F.add``)."""
+        return None
+
+    @staticmethod
+    def leaf(alpha):
+        """The ``_loss_scale`` of a leaf carried at α (None: unscaled)."""
+        return None if alpha in (None, 1.0) else alpha
 
 
-def _common_scale(scales, grads, u_max):
-    """Algorithm 5 for gradients ``grads`` (Variables) carried at
-    ``scales``: ``(α, [α/α_k])``, on the device when any scale is a device
-    scalar (no host synchronization), else in Python."""
-    if any(_on_device(a) for a in scales):
+class DeviceScales(object):
+    """Scales of a backward pass on device arrays: 0-d float64 device
+    arrays, so that the host never waits for the device (the kernels of
+    :mod:`ada_loss.loss_scale.device`). A Python 1 (γ of a GEMM with no
+    weight gradient, a leaf's unscaled earlier gradient) may still meet
+    them."""
+
+    on_device = True
+
+    @staticmethod
+    def initial(value):
+        return device_kernels().scalar(float(value))
+
+    @staticmethod
+    def product(a, b):
+        if not is_device_scalar(b) and b == 1:
+            return a
+        return a * b
+
+    @staticmethod
+    def rescale(v, ratio):
+        if not is_device_scalar(ratio) and ratio == 1:
+            return v
+        return chainer.Variable(device_kernels().rescale(v.array, ratio),
+                                requires_grad=False)
+
+    @staticmethod
+    def common(scales, grads, u_max):
         device = device_kernels()
         return device.common_scale(
             scales, [device.max_abs(g.array) for g in grads], u_max)
-    alpha = common_scale(scales, lambda k: _max_abs(grads[k]), u_max)
-    return alpha, [alpha / a for a in scales]
 
+    @staticmethod
+    def fused_sum(arrays, ratios):
+        # as rescaling then a left fold of F.add would give it, each
+        # addition fused with its rescaling (one pass each); one dtype only
+        if {a.dtype for a in arrays} not in (
+                {numpy.dtype(numpy.float16)}, {numpy.dtype(numpy.float32)}):
+            return None
+        device = device_kernels()
+        total = device.rescale_add(arrays[0], ratios[0], arrays[1],
+                                   ratios[1])
+        for a, r in zip(arrays[2:], ratios[2:]):
+            total = device.rescale_add(total, 1.0, a, r)
+        return chainer.Variable(total, requires_grad=False)
 
-def _sum_on_device(arrays, ratios):
-    """Σ ratio_k · array_k as rescaling then a left fold of ``F.add`` would
-    give it, each addition fused with its rescaling (one pass each)."""
-    device = device_kernels()
-    total = device.rescale_add(arrays[0], ratios[0], arrays[1], ratios[1])
-    for a, r in zip(arrays[2:], ratios[2:]):
-        total = device.rescale_add(total, 1.0, a, r)
-    return chainer.Variable(total, requires_grad=False)
-
-
-def _scale_product(a, b):
-    """α·β of two scales (numbers or device scalars); 1 leaves α as it is."""
-    if not _on_device(b) and b == 1:
-        return a
-    return a * b
-
-
-def _rescale(v, ratio):
-    """``ratio · v`` for a power-of-two ``ratio``: exact up to underflow."""
-    if _on_device(ratio):
-        return chainer.Variable(device_kernels().rescale(v.array, ratio),
-                                requires_grad=False)
-    if ratio == 1:
-        return v
-    a = v.array
-    if a.dtype == numpy.float16:
-        # 2^-k may itself be below FP16's range: scale in FP32, round once.
-        a = (widen(a) * numpy.float32(ratio)).astype(a.dtype)
-    else:
-        a = a * a.dtype.type(ratio)
-    # NumPy turns a 0-dim array times a scalar into a scalar (the loss).
-    return chainer.Variable(chainer.utils.force_array(a), requires_grad=False)
+    @staticmethod
+    def leaf(alpha):
+        # UpdateRule divides the gradient by it on the device
+        return alpha
 
 
 class ScaledBackprop(object):
@@ -233,13 +287,13 @@ class ScaledBackprop(object):
         if len(entries) == 1:
             return entries[0]
         scales = [a for _, a in entries]
-        alpha, ratios = _common_scale(scales, [g for g, _ in entries],
-                                      self.u_max)
-        if _on_device(alpha) and {g.dtype for g, _ in entries} in (
-                {numpy.dtype(numpy.float16)}, {numpy.dtype(numpy.float32)}):
-            return _sum_on_device([g.array for g, _ in entries],
-                                  ratios), alpha
-        grads = [_rescale(g, r) for (g, _), r in zip(entries, ratios)]
+        alpha, ratios = self.scales.common(scales, [g for g, _ in entries],
+                                           self.u_max)
+        total = self.scales.fused_sum([g.array for g, _ in entries], ratios)
+        if total is not None:
+            return total, alpha
+        grads = [self.scales.rescale(g, r)
+                 for (g, _), r in zip(entries, ratios)]
         # A left fold in arrival order, like Chainer's eager reduction.
         total = grads[0]
         for g in grads[1:]:
@@ -260,10 +314,11 @@ class ScaledBackprop(object):
                     '{}'.format(loss.shape))
             xp = backend.get_array_module(loss.array)
             gy = chainer.Variable(xp.ones_like(loss.array), requires_grad=False)
-        if not isinstance(gy.array, numpy.ndarray):
-            # On a device every α and β stays there: 0-d float64 arrays.
-            init_scale = device_kernels().scalar(float(init_scale))
-        gy = _rescale(gy, init_scale)
+        # one representation of the scales for the whole pass
+        self.scales = HostScales if isinstance(gy.array, numpy.ndarray) \
+            else DeviceScales
+        init_scale = self.scales.initial(init_scale)
+        gy = self.scales.rescale(gy, init_scale)
         loss.grad_var = None
 
         grads = {}          # VariableNode -> [(Variable, α)]
@@ -297,11 +352,7 @@ class ScaledBackprop(object):
                     + entries
             g, alpha = self._merge(entries, node)
             var._set_grad_var_without_check(g)
-            if _on_device(alpha):
-                # UpdateRule divides the gradient by it on the device.
-                var._loss_scale = alpha
-            else:
-                var._loss_scale = None if alpha in (None, 1.0) else alpha
+            var._loss_scale = self.scales.leaf(alpha)
         return self
 
     def _step(self, func, grads, add_cand, leaves, hooks_base):
@@ -328,14 +379,14 @@ class ScaledBackprop(object):
             out_grad[i] = g
         else:
             scales = [a for _, _, a in present]
-            alpha, ratios = _common_scale(
+            alpha, ratios = self.scales.common(
                 scales, [g for _, g, _ in present], self.u_max)
             for (i, g, _), r in zip(present, ratios):
-                out_grad[i] = _rescale(g, r)
+                out_grad[i] = self.scales.rescale(g, r)
         out_grad = tuple(out_grad)
 
         is_gemm = isinstance(func, GemmFunction)
-        host = not _on_device(alpha)
+        host = not self.scales.on_device
         if is_gemm:
             key = gemm_key(func)
             self.layers.append(key)
@@ -354,7 +405,7 @@ class ScaledBackprop(object):
             if 0 in targets:
                 beta = self.gemm_scale(func, func.gemm_weight(),
                                        out_grad[0].array, alpha)
-            in_scales[0] = _scale_product(alpha, beta)
+            in_scales[0] = self.scales.product(alpha, beta)
             if self.weight_scale is not None and any(
                     i in targets for i in (1, 2)):
                 x = func.get_retained_inputs()[0].array
@@ -392,10 +443,10 @@ class ScaledBackprop(object):
                 self.guarded[(key, 'out')] = int(round(math.log2(
                     beta / input_grad_scale)))
                 beta = input_grad_scale
-                in_scales[0] = _scale_product(alpha, beta)
+                in_scales[0] = self.scales.product(alpha, beta)
                 self.gemm_records[func.scale_key] = (alpha, beta)
             for i in range(1, len(inputs)):
-                in_scales[i] = _scale_product(alpha, weight_grad_scale)
+                in_scales[i] = self.scales.product(alpha, weight_grad_scale)
         else:
             gxs = func.backward(targets, out_grad)
         for hook in hooks:
@@ -451,7 +502,8 @@ class ScaledBackprop(object):
         if ratio == 1:
             return out_grad, alpha
         self.guarded[(key, 'in')] = -int(math.log2(ratio))
-        return (_rescale(g, ratio),) + tuple(out_grad[1:]), alpha * ratio
+        return (HostScales.rescale(g, ratio),) + tuple(out_grad[1:]), \
+            alpha * ratio
 
     @staticmethod
     def _check_backward(func):
