@@ -12,7 +12,22 @@
 ``fp8_e5m2``           E5M2 for both (emulated)
 ``fwd=<f>,bwd=<g>``    any two names of :func:`ada_loss.formats.get_format`,
                        e.g. ``fwd=float16,bwd=fp8_e4m3`` (emulated)
+``fp8:recipe=current`` scaled FP8 (Transformer Engine's recipes): one FP32
+``fp8:recipe=delayed`` scale per tensor for x and W (E4M3) and the incoming
+                       gradient (E5M2); also on ``fp8_e4m3`` (E4M3
+                       gradients) and ``fp8_e5m2``; options ``history=N``,
+                       ``margin=M`` (delayed), ``pow2=true|false``
+``mxfp8``, ``mxfp6``,  MX block scaling (OCP MX v1.0): E8M0 scales per 32
+``mxfp4``              values along each GEMM's reduction; elements E4M3
+                       both passes (TE's default) / E2M3 forward and E3M2
+                       gradients / E2M1; options ``block=N``,
+                       ``scale=up|floor``
 =====================  =======================================================
+
+Scaled precisions (:mod:`ada_loss.formats.recipe`) keep GEMM outputs
+(activations, input and weight gradients) in FP32, or in bfloat16 with the
+option ``out=bf16`` (e.g. ``mxfp8:out=bf16``,
+``fp8:recipe=delayed,history=16,out=bf16``), as TE does.
 
 *Emulated* precisions store everything in float32 (so the parameters are the
 FP32 master weights, and batch norm, the optimizer and the loss are FP32) and
@@ -33,9 +48,26 @@ import contextlib
 import chainer
 import numpy
 
-from ada_loss.formats import get_format
+from ada_loss.formats import (
+    DEFAULT_HISTORY, DEFAULT_MARGIN, get_format, make_recipe)
 
 PRECISIONS = ('float32', 'mixed16', 'bf16', 'fp8', 'fp8_e4m3', 'fp8_e5m2')
+#: the scaled precisions' base names (their options: module docstring)
+SCALED_PRECISIONS = ('fp8:recipe=current', 'fp8:recipe=delayed', 'mxfp8',
+                     'mxfp6', 'mxfp4')
+
+#: MX precision -> (forward element, gradient element). MXFP8: E4M3 both
+#: passes, TE's MXFP8BlockScaling default (the per-block scale gives the
+#: range E5M2 would). MXFP6: E2M3 for x and W (precision), E3M2 for
+#: gradients (range: a gradient block spans more binades than an
+#: activation block), the split of hybrid FP8. MXFP4: E2M1, the only one.
+_MX = {
+    'mxfp8': ('fp8_e4m3', 'fp8_e4m3'),
+    'mxfp6': ('fp6_e2m3', 'fp6_e3m2'),
+    'mxfp4': ('fp4_e2m1', 'fp4_e2m1'),
+}
+_PER_TENSOR_OPTIONS = ('recipe', 'history', 'margin', 'pow2', 'out')
+_MX_OPTIONS = ('block', 'scale', 'out')
 
 _NAMED = {
     'bf16': ('bfloat16', 'bfloat16'),
@@ -48,19 +80,25 @@ PRECISION_HELP = ('float32, mixed16, bf16, fp8 (E4M3 forward, E5M2 '
                   'gradients), fp8_e4m3, fp8_e5m2, or fwd=<format>,'
                   'bwd=<format> with format names as in '
                   'ada_loss.formats.get_format (e.g. fwd=float16,'
-                  'bwd=fp8_e4m3)')
+                  'bwd=fp8_e4m3); or scaled: fp8:recipe=current|delayed '
+                  '(also fp8_e4m3:..., options history=N, margin=M, '
+                  'pow2=true|false, out=bf16), mxfp8, mxfp6, mxfp4 '
+                  '(options block=N, scale=up|floor, out=bf16)')
 
 
-class Precision(collections.namedtuple('Precision',
-                                       ('name', 'fwd', 'bwd', 'storage'))):
+class Precision(collections.namedtuple(
+        'Precision', ('name', 'fwd', 'bwd', 'storage', 'recipe'),
+        defaults=(None,))):
     """A parsed precision.
 
     Attributes:
-        name (str): canonical name (``'fp8'``, ``'fwd=float16,bwd=e4m3'``).
+        name (str): canonical name (``'fp8'``, ``'fwd=float16,bwd=e4m3'``,
+            ``'fp8:recipe=delayed,history=16'``).
         fwd, bwd (FloatFormat): formats of the forward GEMMs and of the
-            gradients.
+            gradients (a scaled precision: its element formats).
         storage (str): ``'float32'``, or ``'mixed16'`` for Chainer's mixed16
             (NumPy float16 arrays).
+        recipe (GemmRecipe): the scaled recipe, or None.
     """
 
     __slots__ = ()
@@ -71,16 +109,29 @@ class Precision(collections.namedtuple('Precision',
     @property
     def emulated(self):
         """True if values are rounded to formats in float32 storage."""
-        return self.storage == 'float32' and not (
-            self.fwd.is_float32 and self.bwd.is_float32)
+        return self.storage == 'float32' and (self.recipe is not None or not (
+            self.fwd.is_float32 and self.bwd.is_float32))
 
     @property
     def gemm_formats(self):
-        """(fwd, bwd) for the GEMM links (None for a float32 format), or None
-        when nothing is emulated."""
+        """(fwd, bwd) the GEMM links round their inputs and outputs to (None
+        for a float32 format), or None when nothing is rounded so. A scaled
+        precision: its output format (bfloat16 with ``out=bf16``), or
+        None."""
         if not self.emulated:
             return None
+        if self.recipe is not None:
+            out = self.recipe.out
+            return None if out.is_float32 else (out, out)
         return tuple(None if f.is_float32 else f for f in (self.fwd, self.bwd))
+
+    @property
+    def default_mode(self):
+        """The loss-scaling mode a scaled precision runs with when none is
+        given: ``'none'`` (its per-tensor or per-block scales do what loss
+        scaling does; TE trains FP8 without a loss scale); None for the
+        other precisions, which need a mode named."""
+        return 'none' if self.recipe is not None else None
 
     @property
     def grad_format(self):
@@ -120,6 +171,13 @@ def parse_precision(text):
     if key in _NAMED:
         fwd, bwd = _NAMED[key]
         return Precision(key, get_format(fwd), get_format(bwd), 'float32')
+    base, colon, arg = key.partition(':')
+    if base in _MX or (colon and base in _NAMED and base != 'bf16'):
+        try:
+            return _scaled(base, arg)
+        except ValueError as e:
+            raise ValueError('bad precision {!r}: {}; expected {}'.format(
+                text, e, PRECISION_HELP))
     parts = dict(p.partition('=')[::2] for p in key.split(','))
     if set(parts) == {'fwd', 'bwd'} and all(parts.values()):
         try:
@@ -130,6 +188,81 @@ def parse_precision(text):
                          'float32')
     raise ValueError('unknown precision {!r}; expected {}'.format(
         text, PRECISION_HELP))
+
+
+def _options(arg, allowed):
+    options = {}
+    for item in filter(None, arg.split(',')):
+        k, eq, v = item.partition('=')
+        if not eq or k not in allowed or k in options:
+            raise ValueError('option {!r}: expected key=value with key one '
+                             'of {}'.format(item, ', '.join(allowed)))
+        options[k] = v
+    return options
+
+
+def _flag(v, key):
+    if v not in ('true', 'false'):
+        raise ValueError('{} must be true or false, got {!r}'.format(key, v))
+    return v == 'true'
+
+
+def _integer(v, key):
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError('{} must be an integer, got {!r}'.format(key, v))
+
+
+def _out(options):
+    v = options.get('out', 'float32')
+    return {'bf16': 'bfloat16', 'fp32': 'float32'}.get(v, v)
+
+
+def _scaled(base, arg):
+    """A scaled precision: ``base`` (fp8, fp8_e4m3, fp8_e5m2 with a recipe
+    option; mxfp8/6/4) and its options, validated; the canonical name lists
+    the options that differ from the defaults, in a fixed order."""
+    if base in _MX:
+        o = _options(arg, _MX_OPTIONS)
+        fwd, bwd = _MX[base]
+        recipe = make_recipe(
+            'mx', fwd, bwd, block_size=_integer(o.get('block', '32'),
+                                                'block'),
+            scale_rounding=o.get('scale', 'up'), out=_out(o))
+        parts = []
+        if recipe.block_size != 32:
+            parts.append('block={}'.format(recipe.block_size))
+        if recipe.scale_rounding != 'up':
+            parts.append('scale=' + recipe.scale_rounding)
+    else:
+        o = _options(arg, _PER_TENSOR_OPTIONS)
+        kind = o.get('recipe')
+        if kind not in ('current', 'delayed'):
+            raise ValueError('recipe=current or recipe=delayed is required, '
+                             'got {!r}'.format(kind))
+        if kind == 'current' and ('history' in o or 'margin' in o):
+            raise ValueError('history and margin are options of '
+                             'recipe=delayed')
+        fwd, bwd = _NAMED[base]
+        recipe = make_recipe(
+            kind, fwd, bwd,
+            history=_integer(o.get('history', str(DEFAULT_HISTORY)),
+                             'history'),
+            margin=_integer(o.get('margin', str(DEFAULT_MARGIN)), 'margin'),
+            pow2=_flag(o.get('pow2', 'false'), 'pow2'),
+            out=_out(o))
+        parts = ['recipe=' + kind]
+        if recipe.history != DEFAULT_HISTORY:
+            parts.append('history={}'.format(recipe.history))
+        if recipe.margin != DEFAULT_MARGIN:
+            parts.append('margin={}'.format(recipe.margin))
+        if recipe.pow2:
+            parts.append('pow2=true')
+    if not recipe.out.is_float32:
+        parts.append('out=bf16')
+    name = base + (':' + ','.join(parts) if parts else '')
+    return Precision(name, recipe.fwd, recipe.bwd, 'float32', recipe)
 
 
 def check_precision(precision):

@@ -6,9 +6,16 @@ training step in each precision, as a ratio to float32, from one run.
     ``x.astype(ml_dtypes.T).astype(float32)`` where ml_dtypes has the format.
 (b) CIFAR ResNet-20, batch 128, one ``MixedPrecisionUpdater`` step with
     ``fixed:8`` (so that every precision runs the same backward), for
-    float32, mixed16, bf16, fp8 (E4M3 forward, E5M2 gradients) and fp8_e4m3;
-    steps are interleaved round-robin against drift; medians and ratios to
-    float32 are printed. Target of the formats issue: <= 1.3x for each.
+    float32, mixed16, bf16, fp8 (E4M3 forward, E5M2 gradients), fp8_e4m3
+    and the scaled precisions fp8:recipe=current, fp8:recipe=delayed and
+    mxfp8; steps are interleaved round-robin against drift; medians and
+    ratios to float32 are printed. Targets: <= 1.3x for the unscaled
+    formats and the per-tensor recipes, <= 1.6x for MX (issue 25).
+    ``--clock process`` times each step by this process's CPU time instead
+    of wall time (for a machine shared with other jobs).
+(c) the scaled quantizers alone (ns per element): quantize_mx along the
+    last axis and along axis 0 of a (4096, 1024) matrix, the per-tensor
+    cast (its amax included).
 
     .venv/bin/python scripts/bench_formats.py [--batch 128] [--repeats 5]
 """
@@ -51,18 +58,43 @@ def quantize_table(n=4000000):
     sys.stdout.flush()
 
 
+def scaled_quantize_table(rows=4096, cols=1024):
+    from ada_loss.formats import quantize_mx, quantize_per_tensor
+    rng = numpy.random.RandomState(0)
+    x = (rng.standard_normal((rows, cols)) * numpy.exp2(
+        rng.uniform(-20, 8, (rows, 1)))).astype(numpy.float32)
+    n = x.size
+    cases = [
+        ('mx e4m3 axis -1', lambda: quantize_mx(x, 'fp8_e4m3')),
+        ('mx e4m3 axis 0', lambda: quantize_mx(x, 'fp8_e4m3', axis=0)),
+        ('mx e2m1 axis -1', lambda: quantize_mx(x, 'fp4_e2m1')),
+        ('per-tensor e4m3', lambda: quantize_per_tensor(x, 'fp8_e4m3')),
+    ]
+    print('(c) scaled quantizers, {}x{} float32: ns per element (median of '
+          '3)'.format(rows, cols))
+    for name, fn in cases:
+        fn()
+        t = bc.median([bc.timed(fn) for _ in range(3)])
+        print('  {:<18s} {:>8.2f}'.format(name, t / n * 1e9))
+    sys.stdout.flush()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--batch', type=int, default=128)
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--warmup', type=int, default=1)
     p.add_argument('--precisions', default='float32,mixed16,bf16,fp8,'
-                                           'fp8_e4m3')
+                                           'fp8_e4m3,fp8:recipe=current,'
+                                           'fp8:recipe=delayed,mxfp8')
     p.add_argument('--skip-quantize', action='store_true')
+    p.add_argument('--clock', choices=('wall', 'process'), default='wall')
     args = p.parse_args()
+    clock = time.perf_counter if args.clock == 'wall' else time.process_time
     bc.print_machine_info()
     if not args.skip_quantize:
         quantize_table()
+        scaled_quantize_table()
     precisions = args.precisions.split(',')
     steps = {}
     for prec in precisions:
@@ -74,17 +106,17 @@ def main():
     times = {k: [] for k in steps}
     for _ in range(args.repeats):
         for k, s in steps.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             s.step()
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(clock() - t0)
     print('(b) CIFAR ResNet-20 training step, batch {}, {} interleaved '
-          'repeats'.format(args.batch, args.repeats))
+          'repeats, {} time'.format(args.batch, args.repeats, args.clock))
     base = bc.median(times[precisions[0]])
-    print('  {:<10s} {:>9s} {:>9s}  {}'.format('precision', 'median s',
+    print('  {:<20s} {:>9s} {:>9s}  {}'.format('precision', 'median s',
                                                '/ float32', 'all (s)'))
     for k in precisions:
         m = bc.median(times[k])
-        print('  {:<10s} {:>9.3f} {:>9.2f}  {}'.format(
+        print('  {:<20s} {:>9.3f} {:>9.2f}  {}'.format(
             k, m, m / base, ' '.join('{:.2f}'.format(t) for t in times[k])))
     print('load avg at end: {}'.format(bc.load_average()))
 

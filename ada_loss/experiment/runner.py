@@ -40,6 +40,7 @@ import time
 
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
+from ada_loss.precision import parse_precision
 from ada_loss.scaling import parse_mode
 from ada_loss.training.distributed import create_communicator
 
@@ -125,6 +126,8 @@ def _normalize(key, value, example):
     """A ``--only`` value as the cells hold it."""
     if key == 'mode' or key.endswith('_mode'):
         return str(parse_mode(value))
+    if key == 'precision':
+        return parse_precision(value).name
     if isinstance(example, bool):
         if value.lower() in ('true', 'yes', '1'):
             return True
@@ -160,7 +163,10 @@ def parse_only(text, cells, aliases=None):
         if eq and key in fields:
             last = key
             filters.setdefault(key, []).append(value.strip())
-        elif last is not None and 'mode' in last and token.strip():
+        elif last is not None and ('mode' in last or last == 'precision') \
+                and token.strip():
+            # the options of a mode or precision (adaptive:k=v,k=v,
+            # fp8:recipe=delayed,history=16)
             filters[last][-1] += ',' + token.strip()
         elif token.strip():
             raise ValueError('bad --only item {!r}: expected key=value with '

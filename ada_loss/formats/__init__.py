@@ -3,6 +3,13 @@
 * :func:`get_format` / :class:`FloatFormat`: float32, float16, bfloat16, OCP
   FP8 (E4M3, E5M2), FP6/FP4, and any IEEE-style ``e<E>m<M>``, each with
   ``u_min``, ``u_max`` and ``quantize``.
+* :func:`quantize_mx`: MX block scaling (OCP MX v1.0; TE's
+  ``MXFP8BlockScaling`` scale rule), dequantized values.
+* :func:`quantize_per_tensor`, :func:`current_scale`,
+  :class:`DelayedScaling`: Transformer Engine's per-tensor FP8 scaling.
+* :func:`make_recipe` / :class:`GemmRecipe`: a scaled GEMM recipe
+  (per-tensor current or delayed, MX) and its per-layer state
+  (:class:`GemmScaling`).
 * :func:`widen`: exact float16 → float32, fast on NumPy
   (:func:`widen_summable`: the same values, reduced by NumPy exactly as it
   reduces the float16 array).
@@ -10,5 +17,12 @@
 """
 from ada_loss.formats.float_format import (  # NOQA
     OVERFLOW_POLICIES, FloatFormat, get_format)
+from ada_loss.formats.mx import (  # NOQA
+    SCALE_ROUNDINGS, mx_scale_exponents, quantize_mx)
 from ada_loss.formats.narrow import narrow  # NOQA
+from ada_loss.formats.per_tensor import (  # NOQA
+    DEFAULT_HISTORY, DEFAULT_MARGIN, DelayedScaling, current_scale,
+    delayed_scale, quantize_per_tensor, quantize_with_scale)
+from ada_loss.formats.recipe import (  # NOQA
+    GemmRecipe, GemmScaling, make_recipe)
 from ada_loss.formats.widen import widen, widen_summable  # NOQA

@@ -4,6 +4,21 @@ deconvolution_2d).
 Both node types live here because each is the other's input-gradient GEMM:
 the input gradient of a convolution is a deconvolution of gy, and that of a
 deconvolution a convolution of gy (as in Chainer).
+
+MX blocks (scaled recipes, :mod:`ada_loss.formats.recipe`) run along tensor
+axes, not along a convolution's im2col rows. The forward GEMM reduces over
+C·kh·kw. In the channels-last im2col of tensor-core convolutions (NHWC, the
+(kh, kw, C) order) blocks of 32 consecutive values of that reduction are 32
+channels at one tap, i.e. blocks along C of the tensor itself, when C is a
+multiple of 32 — and then each element of x has one quantized value,
+whichever patches it is in, so Chainer's own convolution kernels run on the
+dequantized tensors. Where C is not a multiple of 32 (the narrow nets here:
+3, 4, 8, 16 channels) the last block along C is partial (C values at each
+tap): a finer scale than hardware's blocks, which would span taps. dgrad
+reduces over O·kh·kw: blocks along O. wgrad reduces over N·H'·W': gy in
+blocks along its flattened (N, H', W'), as its im2col rows are; x in blocks
+along its own (N, H, W), where the rows of its im2col (one per tap) are
+shifted windows of it — the same blocks up to that shift and the padding.
 """
 from chainer.functions.connection import convolution_2d as _conv
 import numpy
@@ -17,6 +32,15 @@ from ada_loss.loss_scale.gemm import grad_input_gain
 _DETERMINISTIC = ('deterministic argument is not supported anymore. '
                   'Use chainer.using_config(\'cudnn_deterministic\', value) '
                   'context where value is either `True` or `False`.')
+
+
+def _check_groups(node):
+    scaling = node.scaling
+    if scaling is not None and not scaling.per_tensor and node.groups != 1:
+        raise ValueError(
+            'MX precisions need groups=1 (got {}): a block along the '
+            'channels would span several groups\' reductions'.format(
+                node.groups))
 
 
 class Convolution2DGradW(ScaledOutput, _conv.Convolution2DGradW):
@@ -55,13 +79,19 @@ class Convolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
     """
 
     bias_axis = (0, 2, 3)
+    # x (N, C, H, W), W (O, C, kh, kw), gy (N, O, H', W'). MX blocks run
+    # along C (the forward), O (dgrad) and N·H·W (wgrad) of each tensor:
+    # see the module docstring.
+    reduction_axes = {'fwd': ((1,), (1,)), 'dgrad': ((1,), (0,)),
+                      'wgrad': ((0, 2, 3), (0, 2, 3))}
 
     def __init__(self, stride=1, pad=0, cover_all=False, scale_key=None,
                  formats=None, output_scale=1, out_format=None,
-                 fit_output=False, **kwargs):
+                 fit_output=False, scaling=None, **kwargs):
         super(Convolution2DFunction, self).__init__(stride, pad, cover_all,
                                                     **kwargs)
-        self._init_gemm(scale_key, formats)
+        self._init_gemm(scale_key, formats, scaling)
+        _check_groups(self)
         if out_format is None and formats is not None:
             out_format = formats[0]
         self._init_output(output_scale, out_format, fit_output)
@@ -99,13 +129,18 @@ class Deconvolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
 
     bias_axis = (0, 2, 3)
     grad_input_axes = (1, 2, 3)   # W: (in, out/groups, kh, kw)
+    # x (N, C, H, W), W (C, O, kh, kw), gy (N, O, H', W'): the forward sums
+    # C, dgrad (a convolution of gy) O, wgrad N·H·W
+    reduction_axes = {'fwd': ((1,), (0,)), 'dgrad': ((1,), (1,)),
+                      'wgrad': ((0, 2, 3), (0, 2, 3))}
 
     def __init__(self, stride=1, pad=0, outsize=None, scale_key=None,
                  formats=None, output_scale=1, out_format=None,
-                 fit_output=False, **kwargs):
+                 fit_output=False, scaling=None, **kwargs):
         super(Deconvolution2DFunction, self).__init__(stride, pad, outsize,
                                                       **kwargs)
-        self._init_gemm(scale_key, formats)
+        self._init_gemm(scale_key, formats, scaling)
+        _check_groups(self)
         if out_format is None and formats is not None:
             out_format = formats[0]
         self._init_output(output_scale, out_format, fit_output)
@@ -142,17 +177,20 @@ def convolution_2d(x, W, b=None, stride=1, pad=0, cover_all=False,
     arguments ``dilate``, ``groups``, ``cudnn_fast``), through
     :class:`Convolution2DFunction`.
 
-    Also ``scale_key`` (names the layer for layer-wise loss scales) and
+    Also ``scale_key`` (names the layer for layer-wise loss scales),
     ``formats`` (the (forward, backward) format pair of an emulated
-    precision).
+    precision) and ``scaling`` (the layer's
+    :class:`ada_loss.formats.recipe.GemmScaling` under a scaled recipe).
     """
-    dilate, groups, cudnn_fast, scale_key, formats = argument.parse_kwargs(
-        kwargs, ('dilate', 1), ('groups', 1), ('cudnn_fast', False),
-        ('scale_key', None), ('formats', None),
-        deterministic=_DETERMINISTIC)
+    dilate, groups, cudnn_fast, scale_key, formats, scaling = \
+        argument.parse_kwargs(
+            kwargs, ('dilate', 1), ('groups', 1), ('cudnn_fast', False),
+            ('scale_key', None), ('formats', None), ('scaling', None),
+            deterministic=_DETERMINISTIC)
     func = Convolution2DFunction(stride, pad, cover_all, scale_key=scale_key,
                                  formats=formats, dilate=dilate,
-                                 groups=groups, cudnn_fast=cudnn_fast)
+                                 groups=groups, cudnn_fast=cudnn_fast,
+                                 scaling=scaling)
     y, = func.apply((x, W) if b is None else (x, W, b))
     return y
 
@@ -160,13 +198,14 @@ def convolution_2d(x, W, b=None, stride=1, pad=0, cover_all=False,
 def deconvolution_2d(x, W, b=None, stride=1, pad=0, outsize=None, **kwargs):
     """Same as :func:`chainer.functions.deconvolution_2d` (the same keyword
     arguments ``dilate``, ``groups``), through
-    :class:`Deconvolution2DFunction`; ``scale_key`` and ``formats`` as for
+    :class:`Deconvolution2DFunction`; ``scale_key``, ``formats`` and
+    ``scaling`` as for
     :func:`convolution_2d`."""
-    dilate, groups, scale_key, formats = argument.parse_kwargs(
+    dilate, groups, scale_key, formats, scaling = argument.parse_kwargs(
         kwargs, ('dilate', 1), ('groups', 1), ('scale_key', None),
-        ('formats', None), deterministic=_DETERMINISTIC)
+        ('formats', None), ('scaling', None), deterministic=_DETERMINISTIC)
     func = Deconvolution2DFunction(stride, pad, outsize, scale_key=scale_key,
                                    formats=formats, dilate=dilate,
-                                   groups=groups)
+                                   groups=groups, scaling=scaling)
     y, = func.apply((x, W) if b is None else (x, W, b))
     return y

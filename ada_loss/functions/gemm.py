@@ -234,6 +234,12 @@ class GemmFunction(object):
       this node rounds its output to it, and in the backward rounds the
       incoming gradient and every gradient it produces to the backward
       format.
+    * ``scaling``: the layer's :class:`ada_loss.formats.recipe.GemmScaling`
+      under a scaled recipe (per-tensor FP8, MX), or None. The node casts x
+      and W along their forward reductions (:attr:`reduction_axes`) and
+      retains the high-precision ones; the backward casts gy (per tensor:
+      once, reusing the forward's x and W copies; MX: per GEMM, re-casting
+      W and x from high precision along the dgrad and wgrad reductions).
 
     :meth:`backward` is Chainer's (every scale 1); the ⟨α, δ⟩ backward calls
     :meth:`backward_scaled` with the layer-wise scales instead.
@@ -241,12 +247,37 @@ class GemmFunction(object):
 
     scale_key = None
     formats = None
+    #: the layer's :class:`ada_loss.formats.recipe.GemmScaling` under a
+    #: scaled recipe (per-tensor FP8, MX), or None
+    scaling = None
     #: axes of W the input-gradient GEMM sums over (see grad_input_gain)
     grad_input_axes = None
+    #: the axes each operand is reduced over in the layer's three GEMMs
+    #: (MX blocks run along them): forward (x, W), dgrad (gy, W) and
+    #: wgrad (gy, x); set by each node type
+    reduction_axes = None
 
-    def _init_gemm(self, scale_key=None, formats=None):
+    def _init_gemm(self, scale_key=None, formats=None, scaling=None):
         self.scale_key = scale_key
         self.formats = None if formats is None else tuple(formats)
+        self.scaling = scaling
+
+    def forward(self, inputs):
+        if self.scaling is None:
+            return super(GemmFunction, self).forward(inputs)
+        # A scaled recipe: the GEMM consumes x and W cast to the recipe's
+        # format (dequantized, FP32); the node's inputs, which it retains
+        # for the backward, stay the high-precision ones. The bias is not
+        # cast (TE adds it in high precision).
+        train = chainer.config.train
+        fwd_x, fwd_w = self.reduction_axes['fwd']
+        xq = self.scaling.quantize('x', inputs[0], fwd_x, record=train)
+        wq = self.scaling.quantize('w', inputs[1], fwd_w, record=train)
+        if self.scaling.per_tensor:
+            # the backward GEMMs use the same copies (TE's transposed FP8
+            # copies hold the same values: one scale per tensor)
+            self._forward_copies = (xq, wq)
+        return super(GemmFunction, self).forward((xq, wq) + inputs[2:])
 
     @property
     def grad_format(self):
@@ -256,11 +287,22 @@ class GemmFunction(object):
         """The incoming gradient as stored in the backward format (a
         Variable; the same one when there is nothing to round)."""
         fmt = self.grad_format
-        if fmt is None or fmt.is_float32 or gy is None or getattr(
-                gy, '_ada_quantized', None) is fmt:
+        if fmt is not None and fmt.is_float32:
+            fmt = None
+        # a per-tensor recipe casts gy once for both backward GEMMs (MX
+        # casts it per GEMM, along each one's reduction: backward_scaled)
+        scaling = self.scaling if self.scaling is not None and \
+            self.scaling.per_tensor else None
+        marker = scaling if scaling is not None else fmt
+        if marker is None or gy is None or getattr(
+                gy, '_ada_quantized', None) is marker:
             return gy
-        q = chainer.Variable(fmt.quantize(gy.array), requires_grad=False)
-        q._ada_quantized = fmt   # idempotent: not rounded twice
+        a = gy.array if fmt is None else fmt.quantize(gy.array)
+        if scaling is not None:
+            a = scaling.quantize('gy', a, record=chainer.config.train)
+        q = chainer.Variable(a, requires_grad=False)
+        q._ada_quantized = marker   # idempotent: not rounded twice
+        q._ada_source = gy          # the high-precision gradient
         return q
 
     def gemm_weight(self):
@@ -313,20 +355,44 @@ class GemmFunction(object):
         """
         x, W = self.get_retained_inputs()
         gy = self.quantize_grad_output(grad_outputs[0])
+        gy_b = gy
+        # the operands of the dgrad GEMM (gy, W) and the wgrad GEMM (gy, x)
+        gy_d = gy_w = gy
+        W_d, x_w = W, x
+        if self.scaling is not None:
+            if self.scaling.per_tensor:
+                x_w, W_d = self._forward_copies
+            else:
+                # MX: each operand cast along its own reduction in each
+                # GEMM; W and x re-quantized from their high-precision
+                # copies (not re-scaled from the forward's blocks)
+                (d_gy, d_w), (w_gy, w_x) = (self.reduction_axes['dgrad'],
+                                            self.reduction_axes['wgrad'])
+                q = self.scaling.quantize
+                g = gy.array
+                if 0 in indexes:
+                    gy_d = q('gy', g, d_gy)
+                    W_d = q('w', W.array, d_w)
+                if 1 in indexes:
+                    gy_w = q('gy', g, w_gy)
+                    x_w = q('x', x.array, w_x)
+            # TE computes the bias gradient from the high-precision gy
+            # (the caller may have passed the cast one: the ⟨α, δ⟩ backward)
+            gy_b = getattr(grad_outputs[0], '_ada_source', grad_outputs[0])
         ret = []
         input_grad_scale = input_scale
         if 0 in indexes:
-            gx, input_grad_scale = self.grad_input(x, W, gy, input_scale,
+            gx, input_grad_scale = self.grad_input(x, W_d, gy_d, input_scale,
                                                    fit_input_grad)
             ret.append(gx)
         weight_grad_scale = weight_scale
         if 1 in indexes:
             gW, weight_grad_scale = self.grad_weight(
-                x, W, gy, weight_scale, fit_weight_grad)
+                x_w, W, gy_w, weight_scale, fit_weight_grad)
             ret.append(gW)
         if 2 in indexes:
             # the bias gradient shares the weight gradient's scale
-            ret.append(bias_grad(gy, self.bias_axis, self.grad_format,
+            ret.append(bias_grad(gy_b, self.bias_axis, self.grad_format,
                                  weight_grad_scale))
         return GemmGrads(tuple(ret), input_grad_scale, weight_grad_scale)
 

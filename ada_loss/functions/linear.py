@@ -49,9 +49,13 @@ class LinearFunction(GradAccumulation, GemmFunction, ScaledOutput,
 
     bias_axis = 0
     grad_input_axes = (0,)     # gx_j = Σ_i gy_i W_ij
+    # x (N, K), W (M, K), gy (N, M): y = x W^T sums K, gx = gy W sums M,
+    # gW = gy^T x sums N
+    reduction_axes = {'fwd': ((1,), (1,)), 'dgrad': ((1,), (0,)),
+                      'wgrad': ((0,), (0,))}
 
-    def __init__(self, scale_key=None, formats=None):
-        self._init_gemm(scale_key, formats)
+    def __init__(self, scale_key=None, formats=None, scaling=None):
+        self._init_gemm(scale_key, formats, scaling)
         self._init_output(out_format=None if formats is None else formats[0])
 
     def grad_input(self, x, W, gy, scale=1, fit=False):
@@ -67,12 +71,15 @@ class LinearFunction(GradAccumulation, GemmFunction, ScaledOutput,
         return gW, node.applied_scale
 
 
-def linear(x, W, b=None, n_batch_axes=1, scale_key=None, formats=None):
+def linear(x, W, b=None, n_batch_axes=1, scale_key=None, formats=None,
+           scaling=None):
     """Same as :func:`chainer.functions.linear`, through
     :class:`LinearFunction`.
 
     ``scale_key`` names the layer (for layer-wise loss scales); ``formats``
-    is the (forward, backward) format pair of an emulated precision.
+    is the (forward, backward) format pair of an emulated precision;
+    ``scaling`` the layer's :class:`ada_loss.formats.recipe.GemmScaling`
+    under a scaled recipe (per-tensor FP8 or MX).
     """
     if n_batch_axes <= 0:
         raise ValueError('n_batch_axes should be greater than 0.')
@@ -81,7 +88,8 @@ def linear(x, W, b=None, n_batch_axes=1, scale_key=None, formats=None):
         x = x.reshape(utils.size_of_shape(batch_shape), -1)
     elif x.ndim > 2:
         x = x.reshape(len(x), -1)
-    func = LinearFunction(scale_key=scale_key, formats=formats)
+    func = LinearFunction(scale_key=scale_key, formats=formats,
+                          scaling=scaling)
     y, = func.apply((x, W) if b is None else (x, W, b))
     if n_batch_axes > 1:
         y = y.reshape(batch_shape + (-1,))

@@ -37,6 +37,17 @@ class _GemmLink(object):
     #: (float32, mixed16). Set by
     #: :func:`ada_loss.training.precision.apply_precision`.
     gemm_formats = None
+    #: the layer's :class:`ada_loss.formats.recipe.GemmScaling` under a
+    #: scaled recipe (per-tensor FP8, MX), or None. Set by
+    #: :func:`ada_loss.training.precision.apply_precision`; its state (the
+    #: delayed recipe's amax histories) is serialized with the link.
+    gemm_scaling = None
+
+    def serialize(self, serializer):
+        super(_GemmLink, self).serialize(serializer)
+        if self.gemm_scaling is not None and \
+                self.gemm_scaling.delayed is not None:
+            self.gemm_scaling.serialize(serializer['gemm_scaling'])
 
     def _gemm_inputs(self, x):
         """x, W, b as the GEMM stores them: rounded to the forward format
@@ -58,7 +69,8 @@ class Linear(_GemmLink, L.Linear):
         x, W, b = self._gemm_inputs(x)
         return functions.linear(x, W, b, n_batch_axes=n_batch_axes,
                                 scale_key=self.scale_key,
-                                formats=self.gemm_formats)
+                                formats=self.gemm_formats,
+                                scaling=self.gemm_scaling)
 
 
 class Convolution2D(_GemmLink, L.Convolution2D):
@@ -76,7 +88,8 @@ class Convolution2D(_GemmLink, L.Convolution2D):
         return functions.convolution_2d(
             x, W, b, self.stride, self.pad, dilate=self.dilate,
             groups=self.groups, cudnn_fast=self.cudnn_fast,
-            scale_key=self.scale_key, formats=self.gemm_formats)
+            scale_key=self.scale_key, formats=self.gemm_formats,
+            scaling=self.gemm_scaling)
 
 
 class DilatedConvolution2D(_GemmLink, L.DilatedConvolution2D):
@@ -89,7 +102,8 @@ class DilatedConvolution2D(_GemmLink, L.DilatedConvolution2D):
         x, W, b = self._gemm_inputs(x)
         return functions.convolution_2d(
             x, W, b, self.stride, self.pad, dilate=self.dilate,
-            scale_key=self.scale_key, formats=self.gemm_formats)
+            scale_key=self.scale_key, formats=self.gemm_formats,
+            scaling=self.gemm_scaling)
 
 
 class Deconvolution2D(_GemmLink, L.Deconvolution2D):
@@ -103,7 +117,7 @@ class Deconvolution2D(_GemmLink, L.Deconvolution2D):
         return functions.deconvolution_2d(
             x, W, b, self.stride, self.pad, self.outsize,
             dilate=self.dilate, groups=self.groups, scale_key=self.scale_key,
-            formats=self.gemm_formats)
+            formats=self.gemm_formats, scaling=self.gemm_scaling)
 
 
 #: Chainer GEMM link type -> its ada_loss counterpart.
@@ -138,7 +152,7 @@ def as_chainer_link(link):
     True if ``link`` is a Chainer GEMM link now."""
     for chainer_type, ours in GEMM_LINK_TYPES.items():
         if type(link) is ours:
-            for name in ('scale_key', 'gemm_formats'):
+            for name in ('scale_key', 'gemm_formats', 'gemm_scaling'):
                 link.__dict__.pop(name, None)
             link.__class__ = chainer_type
             return True

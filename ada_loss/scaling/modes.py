@@ -125,12 +125,21 @@ def resolve_precision(mode, precision=None):
 def make_loss_scaling(mode, precision=None):
     """The :class:`LossScaling` of a mode string (see :func:`parse_mode`),
     targeting the gradient format of ``precision`` (default: float16, as in
-    mixed16; see :mod:`ada_loss.precision`).
+    mixed16; see :mod:`ada_loss.precision`). ``mode`` None: the precision's
+    default mode (``none`` for a scaled precision such as ``mxfp8``).
 
     Raises:
         ValueError: a bad mode or option, or a fixed scale that is not
             below the gradient format's largest value.
     """
+    if mode is None:
+        default = None if precision is None else \
+            parse_precision(precision).default_mode
+        if default is None:
+            raise ValueError('no loss-scaling mode given, and precision {!r} '
+                             'has no default (only the scaled precisions '
+                             'do: none)'.format(precision))
+        mode = default
     spec = parse_mode(mode)
     fmt = get_format('float16')
     if precision is not None:

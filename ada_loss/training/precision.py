@@ -13,8 +13,9 @@ def apply_precision(model, precision):
     For an emulated precision each ``chainer.links`` Linear, Convolution2D,
     DilatedConvolution2D and Deconvolution2D becomes its
     :mod:`ada_loss.links` counterpart in place (as :class:`AdaLossScaled`
-    does) with ``gemm_formats`` set; for float32 and mixed16 the formats are
-    cleared. In mixed16 every ``chainer.links.BatchNormalization`` also
+    does) with ``gemm_formats`` set, and for a scaled precision
+    ``gemm_scaling`` (a fresh state per layer); for float32 and mixed16
+    both are cleared. In mixed16 every ``chainer.links.BatchNormalization`` also
     becomes :class:`ada_loss.links.BatchNormalization` (Chainer's results,
     faster on float16 NumPy arrays; see
     :mod:`ada_loss.functions.fp16_elementwise`). Returns the paths of the
@@ -22,15 +23,19 @@ def apply_precision(model, precision):
     """
     parsed = parse_precision(precision)
     formats = parsed.gemm_formats
+    recipe = parsed.recipe
     if parsed.storage == 'mixed16':
         for link in model.links():
             as_batch_normalization_link(link)
     paths = []
     for path, link in model.namedlinks():
-        if formats is None and not hasattr(link, 'gemm_formats'):
+        if formats is None and recipe is None and \
+                not hasattr(link, 'gemm_formats'):
             continue
         if as_gemm_link(link):
             link.gemm_formats = formats
+            # each layer its own scaling state (delayed: amax histories)
+            link.gemm_scaling = None if recipe is None else recipe.state()
             paths.append(path.lstrip('/'))
     return paths
 

@@ -134,6 +134,23 @@ def test_grid_order_and_only_filter():
         runner.select(cells, ['colour=red'])
 
 
+def test_scaled_precisions_in_the_grid_and_only_filter():
+    cfg = load(grid={'models': ['small_cnn'], 'datasets': ['digits'],
+                     'modes': ['none'], 'fixed_scales': [], 'seeds': [0],
+                     'precisions': ['FP8:recipe=delayed,history=16',
+                                    'fp8:recipe=current', 'mxfp8']})
+    cells = STUDY.cells(cfg)
+    assert [c.precision for c in cells] == [
+        'fp8:recipe=delayed,history=16', 'fp8:recipe=current', 'mxfp8']
+    # a precision's options after the comma belong to it; names normalized
+    sel = runner.select(cells, ['precision=fp8:recipe=delayed,history=16'])
+    assert [c.precision for c in sel] == ['fp8:recipe=delayed,history=16']
+    sel = runner.select(cells, ['precision=MXFP8|fp8:recipe=current'])
+    assert [c.precision for c in sel] == ['fp8:recipe=current', 'mxfp8']
+    with pytest.raises(C.ConfigError, match='grid.precisions'):
+        load(grid={'precisions': ['fp8:recipe=later']})
+
+
 def test_cli_rejects_bad_config_before_running(tiny_config, out_dir, capsys):
     path = tiny_config(grid={'modes': ['fp32', 'fixed:0']})
     assert main(['--config', path, '--out', out_dir]) == 2

@@ -288,3 +288,32 @@ def test_recorded_run_is_the_reference_run_plus_records(tiny, tmp_path):
     for key in ref_arrays:
         assert arrays[key].tobytes() == ref_arrays[key].tobytes(), key
     assert (log, scales, results) == (ref_log, ref_scales, ref_results)
+
+
+def test_delayed_fp8_amax_histories_survive_kill_and_resume(tiny, tmp_path):
+    """The delayed recipe's amax histories and scales are training state:
+    in the snapshot (one entry per GEMM layer and operand role), and a run
+    killed mid-epoch and while writing a snapshot, then resumed, equals the
+    uninterrupted run bit for bit. Without them a resumed run restarts
+    every scale at 1 with an empty history, and its losses differ."""
+    config, _, _ = tiny
+    mode = 'fixed:64'
+    args = ('--only', 'mode=' + mode, '--set',
+            'train.precision=fp8:recipe=delayed,history=3')
+    whole = str(tmp_path / 'whole')
+    proc = run(config, whole, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = str(tmp_path / 'killed')
+    for i, kill in enumerate(('train_batch:5', 'snapshot_write:1')):
+        proc = run(config, out, *args, *(['--resume'] if i else []),
+                   kill=kill)
+        assert killed(proc), (kill, proc.returncode, proc.stderr[-2000:])
+    proc = run(config, out, *args, '--resume')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    folder = os.path.join(out, 'kill', cell(mode))
+    assert_same_run(folder, os.path.join(whole, 'kill', cell(mode)))
+    arrays = run_state(folder)[0]
+    keys = [k for k in arrays if k.endswith('gemm_scaling/gy/amax_history')]
+    assert len(keys) == 4                 # conv1..3, fc
+    history = arrays[keys[0]]
+    assert history.shape == (3,) and (history > 0).all()

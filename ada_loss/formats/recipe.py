@@ -1,0 +1,153 @@
+"""Scaled low-precision GEMM recipes: how each operand of a GEMM is scaled
+and cast, and the state that needs (NumPy only; the GEMM nodes of
+:mod:`ada_loss.functions` call it).
+
+A :class:`GemmRecipe` is pure data (what a precision string such as
+``fp8:recipe=delayed`` or ``mxfp8`` names); :meth:`GemmRecipe.state` makes
+the per-layer :class:`GemmScaling` that quantizes the three operand roles
+of one GEMM layer:
+
+* ``'x'`` and ``'w'``: the forward input and weight, in the recipe's
+  forward element format;
+* ``'gy'``: the gradient entering the layer's backward GEMMs (dgrad and
+  wgrad), in its backward element format.
+
+Recipes (Transformer Engine, ``transformer_engine/common/recipe``):
+
+* ``current`` (``Float8CurrentScaling``): one FP32 scale per tensor from
+  its own amax (:func:`~ada_loss.formats.per_tensor.current_scale`);
+* ``delayed`` (``DelayedScaling``): one scale per tensor role from the
+  amax history of that role (:class:`~ada_loss.formats.per_tensor.
+  DelayedScaling`); the histories are training state (:meth:`serialize`);
+* ``mx`` (``MXFP8BlockScaling``, OCP MX v1.0): E8M0 scales per block of 32
+  along the GEMM's reduction dimension (:func:`~ada_loss.formats.mx.
+  quantize_mx`); the caller gives the axes, and re-quantizes an operand
+  used transposed in the backward from its high-precision copy along its
+  own reduction there.
+
+Per-tensor recipes quantize each tensor once per step (the backward reuses
+the forward's x and W copies, as TE's transposed FP8 copies hold the same
+values); MX quantizes per GEMM.
+"""
+import collections
+
+import numpy
+
+from ada_loss.formats.float_format import get_format
+from ada_loss.formats.mx import SCALE_ROUNDINGS, quantize_mx
+from ada_loss.formats.per_tensor import (
+    DEFAULT_HISTORY, DEFAULT_MARGIN, DelayedScaling, quantize_per_tensor)
+
+RECIPES = ('current', 'delayed', 'mx')
+ROLES = ('x', 'w', 'gy')
+#: formats a GEMM's outputs may be rounded to (TE: BF16 or FP32 outputs)
+OUTPUT_FORMATS = ('float32', 'bfloat16')
+
+
+class GemmRecipe(collections.namedtuple('GemmRecipe', (
+        'kind', 'fwd', 'bwd', 'history', 'margin', 'pow2', 'block_size',
+        'scale_rounding', 'out'))):
+    """A scaled GEMM recipe (see the module docstring).
+
+    Attributes:
+        kind (str): ``'current'``, ``'delayed'`` or ``'mx'``.
+        fwd, bwd (FloatFormat): element formats of x, W and of gy.
+        history (int), margin (int), pow2 (bool): per-tensor options
+            (TE's defaults 1024, 0, False).
+        block_size (int), scale_rounding (str): MX options (32, ``'up'``).
+        out (FloatFormat): the format GEMM outputs (activations and
+            gradients) are rounded to: float32 (none) or bfloat16.
+    """
+
+    __slots__ = ()
+
+    @property
+    def per_tensor(self):
+        return self.kind != 'mx'
+
+    def state(self):
+        """A fresh :class:`GemmScaling` for one GEMM layer."""
+        return GemmScaling(self)
+
+
+def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
+                margin=DEFAULT_MARGIN, pow2=False, block_size=32,
+                scale_rounding='up', out='float32'):
+    """A validated :class:`GemmRecipe`.
+
+    Raises:
+        ValueError: naming what is accepted.
+    """
+    if kind not in RECIPES:
+        raise ValueError('recipe must be one of {}, got {!r}'.format(
+            ', '.join(RECIPES), kind))
+    if int(history) != history or history < 1:
+        raise ValueError('history must be an integer ≥ 1, got {!r}'.format(
+            history))
+    if int(margin) != margin:
+        raise ValueError('margin must be an integer, got {!r}'.format(
+            margin))
+    if int(block_size) != block_size or block_size < 1:
+        raise ValueError('block must be an integer ≥ 1, got {!r}'.format(
+            block_size))
+    if scale_rounding not in SCALE_ROUNDINGS:
+        raise ValueError('scale must be one of {}, got {!r}'.format(
+            ', '.join(SCALE_ROUNDINGS), scale_rounding))
+    out = get_format(out)
+    if out.canonical_name not in OUTPUT_FORMATS:
+        raise ValueError('out must be one of {}, got {!r}'.format(
+            ', '.join(OUTPUT_FORMATS), str(out)))
+    return GemmRecipe(kind, get_format(fwd), get_format(bwd), int(history),
+                      int(margin), bool(pow2), int(block_size),
+                      scale_rounding, out)
+
+
+class GemmScaling(object):
+    """The scaling of one GEMM layer's operands under a recipe, with its
+    state (the delayed recipe's amax histories, one per role)."""
+
+    def __init__(self, recipe):
+        self.recipe = recipe
+        self.delayed = None
+        if recipe.kind == 'delayed':
+            self.delayed = collections.OrderedDict(
+                (role, DelayedScaling(self.format(role), recipe.history,
+                                      recipe.margin, recipe.pow2))
+                for role in ROLES)
+
+    @property
+    def per_tensor(self):
+        return self.recipe.per_tensor
+
+    def format(self, role):
+        """The element format of an operand role."""
+        return self.recipe.bwd if role == 'gy' else self.recipe.fwd
+
+    def quantize(self, role, x, axes=None, record=True):
+        """Operand ``x`` of role ``role`` cast and dequantized (float32).
+
+        Args:
+            role: ``'x'``, ``'w'`` or ``'gy'``.
+            x: a float32 NumPy or CuPy array.
+            axes: the axes of ``x`` the GEMM reduces over (MX blocks run
+                along them, flattened in order); ignored per tensor.
+            record: the delayed recipe records x's amax into the role's
+                history (False: evaluation, which leaves the state as is).
+        """
+        r = self.recipe
+        if r.kind == 'current':
+            return quantize_per_tensor(x, self.format(role), pow2=r.pow2)[0]
+        if r.kind == 'delayed':
+            return self.delayed[role].quantize(x, record)
+        return quantize_mx(x, self.format(role), axis=axes,
+                           block_size=r.block_size,
+                           scale_rounding=r.scale_rounding)
+
+    def serialize(self, serializer):
+        """Chainer's serializer protocol: the delayed recipe's amax
+        histories and scales (nothing for the other recipes)."""
+        if self.delayed is None:
+            return
+        for role, d in self.delayed.items():
+            d.serialize(serializer[role])
+
