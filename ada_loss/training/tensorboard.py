@@ -37,8 +37,9 @@ kill while appending); a file left with no event is removed; at iteration 1
 (a fresh start in an existing folder) every old event file is. The process
 then writes into a fresh file whose name sorts after the others (TensorBoard
 reads a run's files in name order), so the run's events hold each step
-once, in order, whatever was killed when. The extension keeps no state in
-the snapshot.
+once, in order, whatever was killed when. The extension (and its trigger)
+keeps no state in the snapshot: a snapshot written with the writer off
+resumes with it on, and the other way round.
 
 Register it on the writing process only (ChainerMN: rank 0).
 """
@@ -223,8 +224,12 @@ class TensorBoardWriter(extension.Extension):
         log_report (str): the name of the ``LogReport`` extension.
     """
 
-    trigger = 1, 'iteration'
     priority = PRIORITY
+
+    def trigger(self, trainer):
+        """Every iteration; stateless, so that the extension leaves no key
+        in a snapshot (a run resumes whether the writer was on or off)."""
+        return True
 
     def __init__(self, scaling=None, loss_scale_interval=100, hparams=None,
                  metrics=(), log_report='LogReport'):
