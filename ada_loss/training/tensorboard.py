@@ -243,6 +243,7 @@ class TensorBoardWriter(extension.Extension):
 
     # -- the trainer's calls ----------------------------------------------
     def initialize(self, trainer):
+        self._trainer = trainer
         self._writer = None
         self._failed = False
         self._observers = [e.extension for e in
@@ -281,8 +282,8 @@ class TensorBoardWriter(extension.Extension):
                 session_end_info=SessionEndInfo(
                     status=status, end_time_secs=time.time()),
                 version=0)
-            self._write(self._last_step, [_plugin_value(
-                _SESSION_END, content)])
+            step = max(self._last_step, self._trainer.updater.iteration)
+            self._write(step, [_plugin_value(_SESSION_END, content)])
         self._writer.close()
         self._writer = None
 
