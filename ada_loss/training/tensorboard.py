@@ -2,8 +2,8 @@
 
 :class:`TensorBoardWriter` is a Trainer extension that writes, into the
 trainer's output folder (the run folder), TensorBoard event files
-(``events.out.tfevents.<time>.<host>.r<k>``) with tensorboardX's
-synchronous ``EventsWriter``:
+(``events.out.tfevents.<time>.<host>.r<k>``) with tensorboardX's summaries
+and record writer, synchronously (:class:`EventFile`):
 
 * every key of every ``LogReport`` entry (loss, accuracy, validation,
   ``lr``, ``loss_scale``, ``skipped_steps``, ``epoch``, ``elapsed_time``:
@@ -27,9 +27,11 @@ synchronous ``EventsWriter``:
 
 **Kills and resumes.** The extension runs after the other writers and
 readers of an iteration and before the snapshot (priority :data:`PRIORITY`),
-and its events reach the file (flushed and fsync-ed) before the snapshot of
-the same iteration is written: a snapshot of iteration S covers the events
-of every step <= S. Its first call in a process (at iteration S + 1 after
+and its events are handed to the operating system (written, not buffered)
+before the snapshot of the same iteration is written: a snapshot of
+iteration S covers the events of every step <= S, whenever the process is
+killed. (Like ``loss_scales.csv`` and ``log.csv`` the file is not fsync-ed
+at every step: a power loss may cut its tail; a purge's rewrite is.) Its first call in a process (at iteration S + 1 after
 resuming from S) purges what the snapshot does not cover: every event file
 in the folder is rewritten (atomically, under its own name) without the
 events of steps > S, the session's end and an incomplete last record (a
@@ -47,6 +49,7 @@ import glob
 import math
 import os
 import re
+import socket
 import struct
 import tempfile
 import time
@@ -55,7 +58,6 @@ import chainer
 from chainer.training import extension
 
 from tensorboardX import summary as tbx_summary
-from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2, summary_pb2
 from tensorboardX.proto.api_pb2 import Status
 from tensorboardX.proto.plugin_hparams_pb2 import (
@@ -95,6 +97,31 @@ NOT_METRICS = ('epoch', 'iteration', 'elapsed_time')
 # the HParams plugin's tags and version (its summary format)
 _HPARAMS = 'hparams'
 _SESSION_END = '_hparams_/session_end_info'
+
+
+class EventFile(object):
+    """A new event file ``<folder>/events.out.tfevents.<time>.<host><suffix>``
+    (the name TensorBoard's writers give, the suffix added), its first
+    record the file version; events are written synchronously with
+    tensorboardX's ``RecordWriter`` and :meth:`flush` hands them to the
+    operating system without fsync."""
+
+    def __init__(self, folder, suffix=''):
+        self.path = os.path.join(folder, 'events.out.tfevents.{}.{}{}'.format(
+            int(time.time()), socket.gethostname(), suffix))
+        self._records = RecordWriter(self.path)
+        self.write(event_pb2.Event(wall_time=time.time(),
+                                   file_version='brain.Event:2'))
+
+    def write(self, event):
+        self._records.write(event.SerializeToString())
+
+    def flush(self):
+        self._records._writer.flush()       # the file object: no fsync
+
+    def close(self):
+        self.flush()
+        self._records.close()
 
 
 def event_files(folder):
@@ -295,7 +322,7 @@ class TensorBoardWriter(extension.Extension):
         os.makedirs(folder, exist_ok=True)
         left = purge(folder, iteration)
         suffix = '.r{:03d}'.format(_restart_index(left))
-        self._writer = EventsWriter(os.path.join(folder, 'events'), suffix)
+        self._writer = EventFile(folder, suffix)
         self._last_step = iteration
         log = self._log(trainer)
         self._log_seen = sum(1 for e in log
@@ -311,7 +338,7 @@ class TensorBoardWriter(extension.Extension):
     def _write(self, step, values):
         event = event_pb2.Event(wall_time=time.time(), step=int(step))
         event.summary.value.extend(values)
-        self._writer.write_event(event)
+        self._writer.write(event)
         self._last_step = max(self._last_step, int(step))
 
     # -- what is written --------------------------------------------------
