@@ -10,9 +10,9 @@ iterations and the HParams):
 1. **A/B**: the command as a subprocess with the writer on (the default)
    and off (``--set log.tensorboard=false``), alternating (on, off, off,
    on, on, off, ...) for ``--rounds`` rounds, each into a fresh folder.
-   Printed: the medians of the process's wall time and of the run's own
-   ``wall_time_s`` (the Trainer's elapsed time, ``run.json``), and their
-   ratios on / off. On a shared machine the noise of one run is larger
+   Printed: the medians of the process's wall time, of the run's own
+   ``wall_time_s`` (the Trainer's elapsed time, ``run.json``) and of the
+   process's CPU time (user + system), and their ratios on / off. On a shared machine the noise of one run is larger
    than the writer's cost: read this as a bound.
 2. **Direct**: the same run in this process, with every call of the
    writer's ``__call__`` and ``finalize`` timed (time.perf_counter), plus
@@ -24,6 +24,7 @@ Run:  .venv/bin/python scripts/bench_tensorboard.py [--rounds 5]
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,15 +42,19 @@ def one(on, out):
            *ARGS, '--out', out, '--set', 'log.progress=none']
     if not on:
         cmd += ['--set', 'log.tensorboard=false']
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - \
+        (before.ru_utime + before.ru_stime)
     with open(os.path.join(out, RUN, 'run.json')) as f:
         run = json.load(f)['wall_time_s']
     events = [n for n in os.listdir(os.path.join(out, RUN))
               if n.startswith('events.out.tfevents.')]
     assert bool(events) == on, events
-    return wall, run
+    return wall, run, cpu
 
 
 def ab(rounds, tmp):
@@ -61,17 +66,18 @@ def ab(rounds, tmp):
                 tmp, '{}-{}'.format('on' if on else 'off', i))))
     print('A/B, {} rounds (medians; all runs listed):'.format(rounds))
     med = {}
+    names = ('process wall', 'run.json wall_time_s', 'process CPU')
     for on in (True, False):
-        walls = [w for w, _ in times[on]]
-        runs = [r for _, r in times[on]]
-        med[on] = statistics.median(walls), statistics.median(runs)
-        print('  writer {:3s}: process {:.2f} s, run.json wall_time_s '
-              '{:.2f} s   process {}  run {}'.format(
-                  'on' if on else 'off', med[on][0], med[on][1],
-                  ' '.join('{:.2f}'.format(w) for w in walls),
-                  ' '.join('{:.2f}'.format(r) for r in runs)))
-    print('  ratio on/off: process {:.4f}, run {:.4f}'.format(
-        med[True][0] / med[False][0], med[True][1] / med[False][1]))
+        med[on] = [statistics.median(x[i] for x in times[on])
+                   for i in range(3)]
+        print('  writer {}:'.format('on ' if on else 'off'))
+        for i, name in enumerate(names):
+            print('    {:21s} median {:6.2f} s  [{}]'.format(
+                name, med[on][i],
+                ' '.join('{:.2f}'.format(x[i]) for x in times[on])))
+    print('  ratio on/off of the medians: ' + ', '.join(
+        '{} {:.4f}'.format(name, med[True][i] / med[False][i])
+        for i, name in enumerate(names)))
 
 
 def direct(tmp):

@@ -49,6 +49,7 @@ import glob
 import math
 import os
 import re
+import shutil
 import socket
 import struct
 import tempfile
@@ -152,11 +153,6 @@ def read_records(path):
     return records
 
 
-def read_events(path):
-    """The events of an event file (``event_pb2.Event``), in order."""
-    return [event_pb2.Event.FromString(r) for r in read_records(path)]
-
-
 def _covered(event, before):
     """Whether a purge at iteration ``before`` keeps ``event``."""
     if event.HasField('file_version'):
@@ -176,14 +172,14 @@ def purge(folder, before):
         os.remove(tmp)
     for path in event_files(folder):
         records = read_records(path) if before > 1 else []
-        kept = [r for r in records
-                if _covered(event_pb2.Event.FromString(r), before)]
-        if not any(not event_pb2.Event.FromString(r).HasField('file_version')
-                   for r in kept):
-            os.remove(path)
+        events = [event_pb2.Event.FromString(r) for r in records]
+        kept = [r for r, e in zip(records, events) if _covered(e, before)]
+        if all(e.HasField('file_version') for r, e in zip(records, events)
+               if _covered(e, before)):
+            os.remove(path)             # no event left
         elif len(kept) < len(records) or \
                 os.path.getsize(path) != sum(len(r) + 16 for r in records):
-            _rewrite(path, kept)
+            _rewrite(path, kept)        # something to drop, or a torn tail
     return event_files(folder)
 
 
@@ -197,6 +193,7 @@ def _rewrite(path, records):
             writer.write(record)
         writer.flush()          # and fsync
         writer.close()
+        shutil.copymode(path, tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -246,8 +243,9 @@ class TensorBoardWriter(extension.Extension):
             callable returning one (called at the run's first step, so it
             may read files the run wrote before training); None: no HParams.
         metrics: the HParams metrics (reported keys; ``epoch``,
-            ``iteration`` and ``elapsed_time`` are left out); empty: every
-            key of the run's first log entry.
+            ``iteration`` and ``elapsed_time`` are left out); empty: no
+            experiment summary is written, and TensorBoard takes every
+            scalar tag for a metric.
         log_report (str): the name of the ``LogReport`` extension.
     """
 
@@ -287,7 +285,7 @@ class TensorBoardWriter(extension.Extension):
         values += self._log_values(trainer)
         if self._scales_due(iteration):
             values += self._scale_values(iteration)
-        values += self._observed_values(iteration)
+        values += self._observed_values()
         steps = {}
         for step, value in values:
             steps.setdefault(step, []).append(value)
@@ -330,10 +328,10 @@ class TensorBoardWriter(extension.Extension):
         if iteration == 1 and self.hparams is not None:
             hparams = self.hparams() if callable(self.hparams) \
                 else self.hparams
-            metrics = self.metrics or []
             exp, ssi, _ = tbx_summary.hparams(
-                hparams, {k: None for k in metrics})
-            self._write(0, list(exp.value) + list(ssi.value))
+                hparams or {}, {k: None for k in self.metrics})
+            self._write(0, (list(exp.value) if self.metrics else []) +
+                        list(ssi.value))
 
     def _write(self, step, values):
         event = event_pb2.Event(wall_time=time.time(), step=int(step))
@@ -361,8 +359,6 @@ class TensorBoardWriter(extension.Extension):
                     value = float(chainer.as_array(value))
                 except (TypeError, ValueError):
                     continue
-                if not self.metrics and key not in NOT_METRICS:
-                    self.metrics.append(key)
                 out.append((step, _scalar(key, value)))
         return out
 
@@ -380,7 +376,7 @@ class TensorBoardWriter(extension.Extension):
                 for layer in alphas if layer in betas]
         return out
 
-    def _observed_values(self, iteration):
+    def _observed_values(self):
         out = []
         for observer in self._observers:
             rows, observer.last_rows = observer.last_rows, []
