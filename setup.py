@@ -22,6 +22,11 @@ setup(
         # ChainerCV's SSD training transforms (photometric distortion,
         # random-interpolation resize) need cv2.
         'opencv-python-headless',
+        # every run's TensorBoard event files (tensorboardX's writer,
+        # ada_loss/training/tensorboard.py) and the viewer itself
+        # (`tensorboard --logdir results/`; its reader in the tests)
+        'tensorboardX',
+        'tensorboard',
     ],
     extras_require={
         'test': ['pytest'],

@@ -33,7 +33,11 @@ layer and step it can report:
   weight gradients (as stored, unscaled) against FP32 GEMMs of the
   unrounded entering gradient: what the rounding of this layer costs;
 * ``alpha``: the scale the entering gradient carries (filled in after the
-  pass by :class:`ProbingLossScaling`).
+  pass by :class:`ProbingLossScaling`);
+* ``log2_hist`` (not a CSV column): {e: count} of the nonzero entries of
+  the unrounded entering gradient with |g| in [2^(e-1), 2^e), shifted by
+  log2 α to the true gradient by :class:`ProbingLossScaling`
+  (TensorBoard's histograms of log2|g|).
 
 The gradient *before* the GEMM rounds it is needed for ``uf_in``. Chainer's
 ordinary backward hands it to the hook unrounded; the ⟨α, δ⟩ backward
@@ -50,6 +54,7 @@ import chainer
 import numpy
 
 from ada_loss import atomic
+from ada_loss.analysis import grad_stats
 from ada_loss.analysis.observing import (
     ObservationsWriter, ObservingLossScaling)
 from ada_loss.analysis.recorder import GradientRecorder
@@ -157,7 +162,8 @@ class GemmProbe(chainer.FunctionHook):
                'of_out': float((numpy.abs(bgx) > fmt.u_max).mean()),
                'peak': peak,
                'headroom_log2': (math.log2(fmt.u_max / peak) if peak > 0
-                                 else float('nan'))}
+                                 else float('nan')),
+               'log2_hist': grad_stats.exponent_histogram(raw)}
         for b in G.BOUNDS:
             _, upper = G.gemm_scale_bounds(W, gy, self.t_uf, fmt, b,
                                            G.bound_gain(function, W, b))
@@ -249,6 +255,9 @@ class ProbingLossScaling(ObservingLossScaling):
             row.setdefault('k', 0.0)
             row.update(mode=self.mode, iteration=self.iteration, skipped=0,
                        alpha=float((alphas or {}).get(row['layer'], scale)))
+            shift = math.log2(row['alpha']) if row['alpha'] > 0 else 0.0
+            row['log2_hist'] = {e - shift: c
+                                for e, c in row['log2_hist'].items()}
             self.records.append(row)
             self._last.append(row)
 

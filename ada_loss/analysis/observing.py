@@ -122,13 +122,18 @@ class ObservationsWriter(CSVRecorder):
     :class:`~ada_loss.training.extensions.CSVRecorder`). The rows of a call
     belong to the step just done: they carry the trainer's iteration, and the
     scaling's pass count is kept equal to it. A subclass gives ``header``,
-    ``filename`` and :meth:`take`."""
+    ``filename`` and :meth:`take`.
+
+    ``last_rows`` holds the observations (dicts, all their keys) of the
+    latest call, for a later extension of the same iteration (the
+    TensorBoard writer, :mod:`ada_loss.training.tensorboard`)."""
 
     filename = None
 
     def __init__(self, scaling, filename=None):
         super(ObservationsWriter, self).__init__(filename or self.filename)
         self.scaling = scaling
+        self.last_rows = []
 
     def take(self):
         """The observations made since the last call (dicts), removed
@@ -142,5 +147,6 @@ class ObservationsWriter(CSVRecorder):
     def rows(self, trainer):
         iteration = trainer.updater.iteration
         self.scaling.iteration = iteration
+        self.last_rows = [dict(r, iteration=iteration) for r in self.take()]
         return [[iteration if k == 'iteration' else self.format(r.get(k))
-                 for k in self.header] for r in self.take()]
+                 for k in self.header] for r in self.last_rows]

@@ -23,7 +23,9 @@ Each record (one per iteration and layer) holds: ``iteration``,
 ``max_abs`` of the carried gradient (σ_max, §4.2), and, in FP16 runs,
 ``zeros_fp16``, ``zeros_fp32`` and ``fp16_underflow`` of the layer's input
 gradient GEMM (Fig. 4b). ``skipped`` marks iterations whose update was
-skipped for non-finite gradients.
+skipped for non-finite gradients. Not a CSV column: ``log2_hist``, {e:
+count} of the true gradient's nonzero entries with |g| in [2^(e-1), 2^e)
+(TensorBoard's histograms of log2|g|).
 """
 import collections
 import csv
@@ -141,6 +143,10 @@ class GradientRecorder(chainer.FunctionHook):
                 hist, alpha) / max(row['size'], 1)
             row['expected_loss_scale'] = (alpha / kth if kth > 0
                                           else float('nan'))
+            # log2|g| of the true gradient by binary exponent (for
+            # TensorBoard's histograms; not a CSV column)
+            shift = math.log2(alpha) if alpha > 0 else 0.0
+            row['log2_hist'] = {e - shift: c for e, c in hist.items()}
             row['skipped'] = 0
             self.records.append(row)
         self._pending = []

@@ -54,6 +54,7 @@ from ada_loss.training import extensions as AE
 from ada_loss.training.random_states import RandomStates, SerialIterator
 from ada_loss.training.seeded_iterator import SeededIterator
 from ada_loss.training.snapshot import Snapshot, snapshot_candidates
+from ada_loss.training.tensorboard import TensorBoardWriter, run_hparams
 from ada_loss.training.hooks import add_weight_decay
 from ada_loss.training.precision import setup_optimizer
 from ada_loss.training.distributed import (
@@ -259,6 +260,11 @@ class Log:
         None, "record every GEMM layer's activation-gradient statistics "
         '(the paper\'s Fig. 1 and 4; ada_loss/analysis/recorder.py) at '
         'step 1 and every K steps into records.csv; null: off', minimum=1)
+    tensorboard: bool = setting(
+        True, 'TensorBoard event files in the run folder (ada_loss/training/'
+        'tensorboard.py): every logged key, alpha/<layer> at '
+        'loss_scale_interval, the observers\' per-layer rates and log2|g| '
+        'histograms, the settings as HParams; false: off')
 
     def check(self):
         if self.probe_every is not None and self.record_every is not None:
@@ -320,8 +326,10 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
     reporters of ``log.progress`` (PrintReport of ``print_keys``,
     ProgressBar), one PlotReport ``<name>.png`` per ``(name, keys)`` of
     ``plots`` (if ``log.plot``), for layer-wise scaling ``loss_scales.csv``,
-    and ``probe.csv`` / ``records.csv`` (``log.probe_every`` /
-    ``log.record_every``, see :func:`make_scaling`).
+    ``probe.csv`` / ``records.csv`` (``log.probe_every`` /
+    ``log.record_every``, see :func:`make_scaling`) and, unless
+    ``log.tensorboard`` is false, TensorBoard's event files
+    (:class:`~ada_loss.training.tensorboard.TensorBoardWriter`).
     """
     every = interval_triggers(log_cfg, stop)
     if evaluator is not None:
@@ -360,6 +368,10 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
             scaling, interval=log_cfg.loss_scale_interval))
     if isinstance(scaling, ObservingLossScaling):
         trainer.extend(scaling.writer(), trigger=(1, 'iteration'))
+    if log_cfg.tensorboard:
+        trainer.extend(TensorBoardWriter(
+            scaling, log_cfg.loss_scale_interval, metrics=print_keys,
+            hparams=lambda: run_hparams(R.read_run(trainer.out))))
 
 
 def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):

@@ -12,6 +12,8 @@ import sys
 import numpy
 import pytest
 
+import tensorboard_events as TB
+
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import runner
 from ada_loss.experiment.studies.classification import STUDY
@@ -106,6 +108,12 @@ def test_table_runner_under_mpiexec(tiny_config, out_dir):
         with open(os.path.join(folder, 'records.csv')) as f:
             iterations = {row.split(',')[0] for row in f.readlines()[1:]}
         assert iterations == {'1', '2'}
+        # and rank 0 alone writes TensorBoard events: one file, each step
+        # once (TensorBoard's reader)
+        assert len(TB.files(folder)) == 1
+        steps = TB.steps_by_tag(TB.timeline(folder))
+        assert steps['main/loss'] == [1, 2, 3]
+        assert steps['underflow_fp16/predictor/fc'] == [1, 2]
 
 
 def test_low_precision_communication_on_the_wire(tiny_config, out_dir):

@@ -11,10 +11,13 @@ mid-epoch, during an evaluation, while a snapshot is written, between
 keeping the previous snapshot and placing the new one). The final snapshot
 (weights, FP32 master weights, optimizer and loss-scale state, iterator,
 random streams), the log rows and ``loss_scales.csv`` must equal those of
-the uninterrupted run; only wall-clock times differ.
+the uninterrupted run; only wall-clock times differ. So must the
+TensorBoard events (read back with TensorBoard's reader): each step once,
+in order, the same values.
 """
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -25,6 +28,7 @@ import pytest
 import yaml
 
 import ondisk_fixtures
+import tensorboard_events as TB
 
 from ada_loss.training.faults import ENV
 
@@ -107,7 +111,7 @@ def run_state(folder):
     return arrays, log, log_file, scales, results
 
 
-def assert_same_run(folder, reference):
+def assert_same_run(folder, reference, events=True):
     arrays, log, log_file, scales, results = run_state(folder)
     ref_arrays, ref_log, ref_log_file, ref_scales, ref_results = \
         run_state(reference)
@@ -120,6 +124,21 @@ def assert_same_run(folder, reference):
     assert len(log) == 8
     assert scales == ref_scales
     assert results == ref_results
+    if events:
+        assert_same_events(folder, reference)
+
+
+def assert_same_events(folder, reference):
+    """The run's TensorBoard events, in file order, are the reference
+    run's (wall-clock times aside): each step of each tag once, in order;
+    one HParams session start and one end."""
+    events, ref_events = TB.timeline(folder), TB.timeline(reference)
+    assert events == ref_events
+    for tag, steps in TB.steps_by_tag(events).items():
+        assert steps == sorted(set(steps)), tag
+    tags = [t for _, t, _ in events]
+    assert tags.count('_hparams_/session_start_info') == 1
+    assert tags.count('_hparams_/session_end_info') == 1
 
 
 @pytest.fixture(scope='module')
@@ -155,6 +174,8 @@ def test_killed_and_resumed_run_is_bit_identical(tiny, mode, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert not [n for n in os.listdir(folder) if n.startswith('.tmp_')]
     assert_same_run(folder, os.path.join(ref, cell(mode)))
+    # one file per process that wrote past the snapshot it resumed from
+    assert 1 < len(TB.files(folder)) <= len(CHAIN) + 1
     with open(os.path.join(folder, 'run.json')) as f:
         info = json.load(f)
     assert info['resumed'] and info['resumed_from'] == 'snapshot_latest'
@@ -205,14 +226,18 @@ def test_no_readable_snapshot_starts_afresh_and_says_so(tiny, tmp_path):
 
 def test_jobs_do_not_change_the_numbers(tiny, tmp_path):
     """--jobs 2 (worker processes) and --jobs 1 (in process, after the
-    reference) give the same run.json results and final snapshots."""
+    reference) give the same run.json results and final snapshots; the
+    TensorBoard writer (off here) changes none of them."""
     config, ref, _ = tiny
     out = str(tmp_path)
-    proc = run(config, out, '--jobs', '2')
+    # (and with the TensorBoard writer off: it writes nothing and changes
+    # no number)
+    proc = run(config, out, '--jobs', '2', '--set', 'log.tensorboard=false')
     assert proc.returncode == 0, proc.stderr
     for mode in MODES:
         assert_same_run(os.path.join(out, 'kill', cell(mode)),
-                        os.path.join(ref, cell(mode)))
+                        os.path.join(ref, cell(mode)), events=False)
+        assert TB.files(os.path.join(out, 'kill', cell(mode))) == []
         with open(os.path.join(out, 'kill', cell(mode), 'run.json')) as f:
             env = json.load(f)['environment']
         assert env['numpy'] == numpy.__version__ and env['blas']
@@ -242,6 +267,20 @@ def test_probed_run_killed_and_resumed_writes_the_same_probe(tiny, tmp_path):
     assert rows == probe(whole)
     # steps 1, 3, 6 of 8, every GEMM layer of the small CNN
     assert sorted({int(r[1]) for r in rows[1:]}) == [1, 3, 6]
+    # in TensorBoard: the probe's rates and log2|g| histograms per layer at
+    # the probed steps (the events as a whole: assert_same_run below)
+    folder = os.path.join(out, 'kill', cell(mode))
+    steps = TB.steps_by_tag(TB.timeline(folder))
+    layers = {r[3] for r in rows[1:]}
+    for group in ('underflow_in', 'overflow_in', 'underflow_out',
+                  'overflow_out', 'log2_abs_grad'):
+        for layer in layers:
+            assert steps[group + '/' + layer] == [1, 3, 6], (group, layer)
+    header, scalars = rows[0], TB.scalars(folder)
+    for r in rows[1:]:
+        got = dict(scalars['overflow_in/' + r[3]])[int(r[1])]
+        assert got == pytest.approx(float(r[header.index('of_in')]),
+                                    rel=1e-5, abs=1e-7)
     assert_same_run(os.path.join(out, 'kill', cell(mode)),
                     os.path.join(whole, 'kill', cell(mode)))
 
@@ -280,6 +319,23 @@ def test_recorded_run_is_the_reference_run_plus_records(tiny, tmp_path):
         rows = list(csv.DictReader(f))
     assert sorted({int(r['iteration']) for r in rows}) == [1, 3, 6]
     assert {r['layer'] for r in rows} >= {'predictor/fc'}
+    # in TensorBoard, per layer at the recorded steps: the FP16 underflow
+    # rate and the histogram of log2|g| of the true gradient (its nonzero
+    # entries)
+    acc = TB.accumulator(folder)
+    for r in rows:
+        it, layer = int(r['iteration']), r['layer']
+        under = dict((e.step, e.value) for e in
+                     acc.Scalars('underflow_fp16/' + layer))
+        assert under[it] == pytest.approx(float(r['underflow_rate']),
+                                          rel=1e-6, abs=1e-9)
+        hist = {e.step: e.histogram_value for e in
+                acc.Histograms('log2_abs_grad/' + layer)}[it]
+        assert hist.num == int(r['nonzero'])
+        # the k-th smallest nonzero |g| (1 / the expected loss scale) lies
+        # in the histogram's range
+        kth = -math.log2(float(r['expected_loss_scale']))
+        assert hist.min <= kth <= hist.max
     arrays, log, _, scales, results = run_state(folder)
     ref_arrays, ref_log, _, ref_scales, ref_results = run_state(
         os.path.join(ref, cell('adaptive')))
@@ -317,3 +373,45 @@ def test_delayed_fp8_amax_histories_survive_kill_and_resume(tiny, tmp_path):
     assert len(keys) == 4                 # conv1..3, fc
     history = arrays[keys[0]]
     assert history.shape == (3,) and (history > 0).all()
+
+
+def test_events_match_log_csv_and_loss_scales_csv(tiny):
+    """The uninterrupted adaptive run's event file, read by TensorBoard's
+    EventAccumulator: every column of log.csv at its iterations, one
+    alpha/<layer> and beta/<layer> per GEMM layer with loss_scales.csv's
+    values, the run's settings as an HParams session."""
+    _, ref, _ = tiny
+    folder = os.path.join(ref, cell('adaptive'))
+    scalars = TB.scalars(folder)
+    with open(os.path.join(folder, 'log.csv')) as f:
+        log = list(csv.DictReader(f))
+    assert len(log) == 8
+    for key in log[0]:
+        if key == 'iteration':
+            continue
+        want = [(int(r['iteration']), float(r[key])) for r in log
+                if r[key] != '']
+        got = scalars[key]
+        assert [s for s, _ in got] == [s for s, _ in want], key
+        assert [v for _, v in got] == pytest.approx(
+            [v for _, v in want], rel=1e-6), key
+    assert {'validation/main/accuracy', 'loss_scale', 'lr',
+            'skipped_steps', 'main/loss'} <= set(scalars)
+    with open(os.path.join(folder, 'loss_scales.csv')) as f:
+        rows = list(csv.DictReader(f))
+    layers = {r['layer'] for r in rows}
+    assert len(layers) == 4            # the small CNN's GEMMs
+    assert {t for t in scalars if t.startswith('alpha/')} == \
+        {'alpha/' + layer for layer in layers}
+    for r in rows:
+        it = int(r['iteration'])
+        assert dict(scalars['alpha/' + r['layer']])[it] == float(r['alpha'])
+        assert dict(scalars['beta/' + r['layer']])[it] == float(r['beta'])
+    events = TB.timeline(folder)
+    start = [w for _, t, w in events if t == '_hparams_/session_start_info']
+    assert len(start) == 1
+    hp = json.loads(start[0])['sessionStartInfo']['hparams']
+    assert (hp['mode'], hp['model'], hp['dataset'], hp['seed'],
+            hp['precision']) == ('adaptive', 'small_cnn', 'cifar10', 0,
+                                 'mixed16')
+    assert events[-1][1:] == ('_hparams_/session_end_info', 1)  # SUCCESS

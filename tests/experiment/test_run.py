@@ -40,6 +40,9 @@ def test_two_iteration_run_writes_its_folder(mode, tiny_config, out_dir):
     assert {'config.yaml', 'run.json', 'log', 'log.csv', 'loss.png',
             'accuracy.png', R.SNAPSHOT} <= files
     assert ('loss_scales.csv' in files) == (mode == 'adaptive')
+    # the TensorBoard events of the run (log.tensorboard: on by default)
+    assert len([n for n in files if n.startswith('events.out.tfevents.')]) \
+        == 1
     info = R.read_run(folder)
     assert info['status'] == 'finished'
     assert info['mode'] == mode and info['mode_name'] == mode.split(':')[0]
