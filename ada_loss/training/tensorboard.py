@@ -286,6 +286,7 @@ class TensorBoardWriter(extension.Extension):
         if self._scales_due(iteration):
             values += self._scale_values(iteration)
         values += self._observed_values()
+        values += self._skip_values(trainer)
         steps = {}
         for step, value in values:
             steps.setdefault(step, []).append(value)
@@ -375,6 +376,19 @@ class TensorBoardWriter(extension.Extension):
         out += [(step, _scalar('beta/' + layer, betas[layer]))
                 for layer in alphas if layer in betas]
         return out
+
+    @staticmethod
+    def _skip_values(trainer):
+        """``skipped/<layer>``: at a skipped step, the number of skipped
+        steps so far whose first non-finite gradient was in that layer (the
+        skip report, :mod:`ada_loss.training.skips`)."""
+        updater = trainer.updater
+        skip = getattr(updater, 'last_skip', None)
+        if skip is None or skip.iteration != updater.iteration:
+            return []
+        layer = skip.layer or '(another rank)'
+        return [(skip.iteration, _scalar(
+            'skipped/' + layer, updater.skipped_by_layer[skip.layer]))]
 
     def _observed_values(self):
         out = []

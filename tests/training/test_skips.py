@@ -8,11 +8,14 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 
+import tensorboard_events as TB
+
 from ada_loss import links as AL
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.training import (
     Classifier, MixedPrecisionUpdater, setup_optimizer)
 from ada_loss.training.extensions import SkipRecorder
+from ada_loss.training.tensorboard import TensorBoardWriter
 from ada_loss.training.skips import backward_order, locate_nonfinite
 
 
@@ -91,6 +94,7 @@ def test_skips_csv_on_the_trainer(tmp_path):
     trainer = chainer.training.Trainer(updater, (8, 'iteration'),
                                        out=str(tmp_path))
     trainer.extend(SkipRecorder(echo=False), trigger=(1, 'iteration'))
+    trainer.extend(TensorBoardWriter(updater.loss_scaling))
     trainer.run()
     with open(os.path.join(str(tmp_path), 'skips.csv')) as f:
         rows = list(csv.DictReader(f))
@@ -101,3 +105,6 @@ def test_skips_csv_on_the_trainer(tmp_path):
     assert all(float(r['alpha']) > 0 and not np.isfinite(
         float(r['max_abs'])) for r in rows)
     assert dict(updater.skipped_by_layer) == {'predictor/l1': len(rows)}
+    # TensorBoard: skipped/<layer> at each skipped step, the running count
+    events = TB.scalars(str(tmp_path))['skipped/predictor/l1']
+    assert events == [(i, float(i)) for i in range(1, len(rows) + 1)]
