@@ -304,6 +304,29 @@ def log_setting(key, default):
     return setting(default, meta.pop('doc'), **meta)
 
 
+def precision_setting():
+    """The ``train.precision`` setting of every training study: a precision
+    of :mod:`ada_loss.precision`, null for the mode's default (float32 for
+    ``fp32``, mixed16 for every other mode); checked against the modes by
+    :func:`check_modes_build`."""
+    return setting(None, 'which format stores what in training (null: '
+                   'float32 for fp32, mixed16 for every other mode)')
+
+
+def check_modes_build(modes, precisions):
+    """Every mode builds in every precision it runs in
+    (:func:`ada_loss.scaling.make_loss_scaling`): ``modes`` is ``[(key,
+    mode)]``, ``key`` the config key named in the ConfigError (``fp32`` runs
+    only in float32; a fixed scale must be below the gradient format's
+    largest value; options must suit the mode)."""
+    for key, mode in modes:
+        try:
+            for precision in precisions:
+                make_loss_scaling(mode, resolve_precision(mode, precision))
+        except ValueError as e:
+            raise C.ConfigError(key, 'mode {}: {}'.format(mode, e))
+
+
 class _Console(object):
     """stdout for PrintReport without its ANSI erase code when not a tty
     (log files, the runner's workers)."""

@@ -46,7 +46,7 @@ from ada_loss.experiment.models import build
 from ada_loss.experiment.runner import Study
 from ada_loss.formats import get_format
 from ada_loss.errors import NonFiniteGradientError
-from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
+from ada_loss.scaling import parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt
@@ -164,8 +164,7 @@ class Table4Grid:
 class Table4Train:
     mode: C.Mode = setting('fp32', 'loss-scaling mode (gradients arrive '
                            'scaled; fp32 = no scaling)')
-    precision: Optional[C.Precision] = setting(
-        None, 'compute precision (null: float32 for fp32, mixed16 else)')
+    precision: Optional[C.Precision] = RC.precision_setting()
     batchsize: int = setting(256, 'global batch (workers x per-worker)',
                              minimum=1)
     epochs: float = setting(12, 'epochs', positive=True)
@@ -222,8 +221,8 @@ class Table4Config:
                 'train.batchsize', 'global batch {} cannot be split into {} '
                 'equal shards (sim.workers); use a multiple of it'.format(
                     self.train.batchsize, self.sim.workers))
-        _policy_error('train.mode', lambda: make_loss_scaling(
-            self.train.mode, self.precision()))
+        RC.check_modes_build([('train.mode', self.train.mode)],
+                             [self.train.precision])
         for key in ('probe_every', 'record_every'):
             if getattr(self.log, key) is not None:
                 raise C.ConfigError(

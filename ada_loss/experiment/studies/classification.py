@@ -39,7 +39,7 @@ from ada_loss.experiment.config import setting, section
 from ada_loss.experiment.data import DATASETS, dataset_info, load_datasets
 from ada_loss.experiment.models import MODEL_HELP, build
 from ada_loss.loss_scale.dynamic import describe_styles
-from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
+from ada_loss.scaling import parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
 from ada_loss.precision import PRECISION_HELP
@@ -121,10 +121,7 @@ class Data:
 class Train:
     renamed = {'dtype': 'precision'}
 
-    precision: Optional[C.Precision] = setting(
-        None, 'which format stores what: float32, mixed16, bf16, fp8 (E4M3 '
-        'forward, E5M2 gradients), fp8_e4m3, fp8_e5m2, or fwd=<format>,'
-        'bwd=<format> (null: float32 for fp32, mixed16 for every other mode)')
+    precision: Optional[C.Precision] = RC.precision_setting()
     batchsize: int = setting(128, 'minibatch size (global, all ranks)',
                              minimum=1)
     lr: float = setting(0.1, 'initial learning rate', positive=True)
@@ -271,15 +268,10 @@ class Config:
         for partial in self.per_model.values():
             if 'precision' in partial.get('train', {}):
                 precisions.add(partial['train']['precision'])
-        for i, mode in enumerate(self.modes()):
-            key = 'grid.modes' if i < len(self.grid.modes) \
-                else 'grid.fixed_scales'
-            try:
-                for precision in precisions:
-                    make_loss_scaling(mode, resolve_precision(mode,
-                                                              precision))
-            except ValueError as e:
-                raise C.ConfigError(key, 'mode {}: {}'.format(mode, e))
+        RC.check_modes_build(
+            [('grid.modes' if i < len(self.grid.modes)
+              else 'grid.fixed_scales', mode)
+             for i, mode in enumerate(self.modes())], precisions)
 
 
 HELP_NOTES = ['', 'dynamic loss scaling styles (grid.modes '

@@ -79,6 +79,7 @@ class Data:
 
 @dataclasses.dataclass
 class Train:
+    precision: Optional[C.Precision] = RC.precision_setting()
     iterations: int = setting(120000, 'training length', minimum=1)
     lr: float = setting(1e-3, 'initial learning rate', positive=True)
     lr_steps: List[int] = setting([80000, 100000], 'iterations where lr *= '
@@ -125,6 +126,12 @@ class Config:
         return sorted(grid_modes(self.grid.modes, self.grid.fixed_scales),
                       key=mode_sort_key)
 
+    def check(self):
+        """Every mode builds in the precision."""
+        RC.check_modes_build(
+            [('grid.modes' if m in self.grid.modes else 'grid.fixed_scales',
+              m) for m in self.modes()], [self.train.precision])
+
 
 #: One run: model name, batch size, loss-scaling mode, seed.
 SSDCell = collections.namedtuple('SSDCell',
@@ -168,8 +175,8 @@ class DetectionStudy(RC.TrainingStudy):
         return ssd_run_name(cell)
 
     def run_config(self, cfg, cell):
-        return self.cell_config(cfg, cell,
-                                precision=resolve_precision(cell.mode))
+        return self.cell_config(cfg, cell, precision=resolve_precision(
+            cell.mode, cfg.train.precision))
 
     def stop_point(self, run_config):
         return ((run_config or {}).get('train') or {}).get('iterations')

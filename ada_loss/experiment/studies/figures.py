@@ -86,11 +86,18 @@ class Settings:
     momentum: float = setting(0.9, 'MomentumSGD momentum', minimum=0.0)
     weight_decay: float = setting(1e-4, 'weight decay', minimum=0.0)
     seed: int = setting(0, 'random seed', minimum=0)
+    precision: Optional[C.Precision] = RC.precision_setting()
     photometric: bool = setting(True, 'detection: photometric distortion')
     modes: Dict[str, C.Mode] = setting(
         {'fig1': 'fp32', 'fixed': 'fixed:128', 'adaptive': 'adaptive'},
         "run name -> loss-scaling mode; 'fig1' (FP32) gives Fig. 1, 'fixed' "
         "+ 'adaptive' Fig. 4a/4b and the sigma_max ratio")
+
+    def check(self):
+        """Every mode builds in the precision."""
+        RC.check_modes_build([('modes.' + run, mode)
+                              for run, mode in self.modes.items()],
+                             [self.precision])
 
 
 @dataclasses.dataclass
@@ -100,6 +107,9 @@ class FileConfig(Settings):
                                      '(null: the top-level settings)')
     profiles: Dict[str, dict] = setting({}, 'name -> partial settings (keys '
                                         'as the top level)')
+
+    def check(self):
+        """Nothing: the settings of the profile (merged) are checked."""
 
 
 def load_config(path=None, overrides=(), profile=None):
@@ -189,12 +199,13 @@ class FiguresStudy(RC.TrainingStudy):
     def setup(self, cfg, cell, comm=None):
         spec = parse_mode(cell.mode)
         return RC.Run(cfg=cfg, cell=cell, config=cfg, mode=spec,
-                      precision=resolve_precision(spec), seed=cfg.seed,
+                      precision=resolve_precision(spec, cfg.precision),
+                      seed=cfg.seed,
                       log=log_of(cfg))
 
     def run_fields(self, run):
         return [('name', run.cell.run), ('table', run.cfg.table),
-                ('mode', run.cell.mode)]
+                ('mode', run.cell.mode), ('precision', run.precision)]
 
     def load_data(self, run, cache):
         if run.cfg.task == 'detection':
@@ -243,8 +254,7 @@ class FiguresStudy(RC.TrainingStudy):
 
     def metrics(self, run, trainer, updater, diverged):
         log = trainer.get_extension('LogReport').log
-        return [('dtype', run.precision),
-                ('iterations_done', updater.iteration),
+        return [('iterations_done', updater.iteration),
                 ('diverged', run.error or False),
                 ('losses', [float(e['main/loss']) for e in log
                             if 'main/loss' in e])]
@@ -264,7 +274,8 @@ def make_figures(cfg, folder, quiet=False):
         if info and os.path.exists(path):
             records[run] = load_csv(path)
             infos[run] = {k: info.get(k) for k in (
-                'mode', 'dtype', 'iterations_done', 'diverged', 'losses')}
+                'mode', 'precision', 'iterations_done', 'diverged',
+                'losses')}
     name = '{} on {}'.format(cfg.model, cfg.dataset)
     paths = {}
     if 'fig1' in records:

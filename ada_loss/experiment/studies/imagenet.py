@@ -58,6 +58,7 @@ class Data:
 
 @dataclasses.dataclass
 class Train:
+    precision: Optional[C.Precision] = RC.precision_setting()
     batchsize: int = setting(256, 'global minibatch size', minimum=1)
     base_lr: float = setting(0.1, 'lr for batch 256 (lr = base_lr * B/256)',
                              positive=True)
@@ -85,6 +86,11 @@ class Config:
     data: Data = section(Data)
     train: Train = section(Train)
     log: RC.Log = section(RC.Log)
+
+    def check(self):
+        """Every mode builds in the precision."""
+        RC.check_modes_build([('grid.modes', m) for m in self.grid.modes],
+                             [self.train.precision])
 
 
 PRINT_KEYS = ['epoch', 'iteration', 'main/loss', 'validation/main/loss',
@@ -128,8 +134,8 @@ class ImageNetStudy(RC.TrainingStudy):
         return run_name(cell)
 
     def run_config(self, cfg, cell):
-        return self.cell_config(cfg, cell,
-                                precision=resolve_precision(cell.mode))
+        return self.cell_config(cfg, cell, precision=resolve_precision(
+            cell.mode, cfg.train.precision))
 
     def stop_point(self, run_config):
         t = (run_config or {}).get('train') or {}
