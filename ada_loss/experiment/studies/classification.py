@@ -38,36 +38,12 @@ from ada_loss.experiment import recipe as RC
 from ada_loss.experiment.config import setting, section
 from ada_loss.experiment.data import DATASETS, dataset_info, load_datasets
 from ada_loss.experiment.models import MODEL_HELP, build
+from ada_loss.experiment.modes import grid_modes, mode_slug, mode_sort_key
 from ada_loss.loss_scale.dynamic import describe_styles
 from ada_loss.scaling import parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
 from ada_loss.precision import PRECISION_HELP
-
-#: column order of the paper's Table 1
-MODE_ORDER = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive', 'amax')
-
-
-def mode_sort_key(mode):
-    spec = parse_mode(mode)
-    return (MODE_ORDER.index(spec.name), spec.options.get('scale', 0.0),
-            str(spec))
-
-
-def grid_modes(modes, fixed_scales):
-    """``modes`` then ``fixed:S`` for each scale S not among them."""
-    out = list(modes)
-    for scale in fixed_scales:
-        mode = str(parse_mode('fixed:{!r}'.format(scale)))
-        if mode not in out:
-            out.append(mode)
-    return out
-
-
-def mode_slug(mode):
-    """A mode as a folder-name part (``fixed:128`` -> ``fixed_128``)."""
-    return str(parse_mode(mode)).replace(':', '_').replace(',', '_')
-
 
 # -- the config ----------------------------------------------------------------------
 @dataclasses.dataclass

@@ -37,8 +37,7 @@ from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
 from ada_loss.experiment import recipe as RC
 from ada_loss.experiment.config import section, setting
-from ada_loss.experiment.studies.classification import (
-    grid_modes, mode_slug, mode_sort_key)
+from ada_loss.experiment.modes import grid_modes, mode_slug, mode_sort_key
 from ada_loss.scaling import resolve_precision
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt

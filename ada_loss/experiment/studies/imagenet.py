@@ -24,8 +24,8 @@ from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
 from ada_loss.experiment import recipe as RC
 from ada_loss.experiment.config import section, setting
-from ada_loss.experiment.studies.classification import (
-    PLOTS, mode_sort_key, run_name)
+from ada_loss.experiment.modes import mode_sort_key
+from ada_loss.experiment.studies.classification import PLOTS, run_name
 from ada_loss.models import build_model
 from ada_loss.scaling import resolve_precision
 from ada_loss.training import Classifier, dtype_config
