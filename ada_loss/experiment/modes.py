@@ -17,10 +17,11 @@ def mode_sort_key(mode):
 
 
 def grid_modes(modes, fixed_scales):
-    """``modes`` then ``fixed:S`` for each scale S not among them."""
-    out = list(modes)
+    """``modes`` then ``fixed:S`` for each scale S not among them, as
+    :class:`~ada_loss.scaling.LossScalingSpec`."""
+    out = [parse_mode(m) for m in modes]
     for scale in fixed_scales:
-        mode = str(parse_mode('fixed:{!r}'.format(scale)))
+        mode = parse_mode('fixed:{!r}'.format(scale))
         if mode not in out:
             out.append(mode)
     return out

@@ -71,6 +71,7 @@ from ada_loss.experiment.config import setting
 from ada_loss.experiment.plots import plot_loss_scales
 from ada_loss.experiment.runner import Study
 from ada_loss.errors import NonFiniteGradientError
+from ada_loss.precision import parse_precision
 from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training import extensions as AE
@@ -486,12 +487,20 @@ class Run(object):
     """One run being built: what :meth:`TrainingStudy.setup` resolved for a
     cell (``cfg``, ``cell``, ``config``: the cell's config, ``mode``: the
     :class:`~ada_loss.scaling.LossScalingSpec`, ``precision``: the
-    :class:`~ada_loss.precision.Precision`, ``seed``, ``log``: the log
+    :class:`~ada_loss.precision.Precision` (:func:`run_precision`),
+    ``seed``, ``log``: the log
     section, and whatever else the study's hooks need), plus ``folder`` and
     ``comm``, set by the recipe. Hooks may add attributes."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
+
+
+def run_precision(mode, precision=None):
+    """The :class:`~ada_loss.precision.Precision` a run of ``mode`` trains in
+    (:func:`ada_loss.scaling.resolve_precision`: ``precision``, or the
+    mode's default)."""
+    return parse_precision(resolve_precision(mode, precision))
 
 
 def mode_fields(spec):
@@ -583,10 +592,9 @@ class TrainingStudy(Study):
         """The :class:`Run` of a cell (default: ``cfg`` itself as its config,
         the cell's ``mode`` and ``seed``, the precision of ``train.precision``
         resolved for the mode, ``cfg.log``)."""
-        spec = parse_mode(cell.mode)
         precision = getattr(getattr(cfg, 'train', None), 'precision', None)
-        return Run(cfg=cfg, cell=cell, config=cfg, mode=spec,
-                   precision=resolve_precision(spec, precision),
+        return Run(cfg=cfg, cell=cell, config=cfg, mode=cell.mode,
+                   precision=run_precision(cell.mode, precision),
                    seed=cell.seed, log=cfg.log)
 
     def run_fields(self, run):

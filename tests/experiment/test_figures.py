@@ -11,6 +11,7 @@ import pytest
 from ada_loss.analysis.recorder import load_csv
 from ada_loss.experiment.studies.figures import load_config
 from ada_loss.experiment.config import ConfigError
+from ada_loss.scaling import parse_mode
 from ada_loss.training.faults import ENV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -27,7 +28,7 @@ def test_shipped_profiles_validate():
 
 def test_set_wins_over_the_profile_and_selects_it():
     cfg = load_config(CONFIG, ['iterations=5', 'modes={a: "fixed:8"}'])
-    assert cfg.iterations == 5 and cfg.modes == {'a': 'fixed:8'}
+    assert cfg.iterations == 5 and cfg.modes == {'a': parse_mode('fixed:8')}
     assert cfg.model == 'plain_cnn'          # the file's profile: digits
     cfg = load_config(CONFIG, ['profile=ssd512_voc', 'batch_size=2'])
     assert cfg.model == 'ssd512' and cfg.batch_size == 2

@@ -46,7 +46,6 @@ from ada_loss.experiment.models import build
 from ada_loss.experiment.runner import Study
 from ada_loss.formats import get_format
 from ada_loss.errors import NonFiniteGradientError
-from ada_loss.scaling import parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt
@@ -164,7 +163,7 @@ class Table4Grid:
 class Table4Train:
     mode: C.Mode = setting('fp32', 'loss-scaling mode (gradients arrive '
                            'scaled; fp32 = no scaling)')
-    precision: Optional[C.Precision] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     batchsize: int = setting(256, 'global batch (workers x per-worker)',
                              minimum=1)
     epochs: float = setting(12, 'epochs', positive=True)
@@ -230,7 +229,8 @@ class Table4Config:
                     'step runs one backward pass per worker); expected null')
 
     def precision(self):
-        return resolve_precision(self.train.mode, self.train.precision)
+        """The :class:`~ada_loss.precision.Precision` of the runs."""
+        return RC.run_precision(self.train.mode, self.train.precision)
 
 
 class WarmupFromTenthLR(AE.StepLearningRate):
@@ -299,8 +299,7 @@ class Table4Study(RC.TrainingStudy):
     # -- the recipe's hooks (ada_loss.experiment.recipe): a run trains with
     # the N-worker simulator
     def setup(self, cfg, cell, comm=None):
-        return RC.Run(cfg=cfg, cell=cell, config=cfg,
-                      mode=parse_mode(cfg.train.mode),
+        return RC.Run(cfg=cfg, cell=cell, config=cfg, mode=cfg.train.mode,
                       precision=cfg.precision(), seed=cell.seed, log=cfg.log,
                       policy=cfg.sim.policy(cell.format, cell.aps))
 
@@ -311,7 +310,8 @@ class Table4Study(RC.TrainingStudy):
                 ('format', get_format(cell.format).name), ('aps', cell.aps),
                 ('seed', cell.seed), ('workers', run.cfg.sim.workers),
                 ('policy', run.policy.describe()), ('mode', str(run.mode)),
-                ('mode_name', run.mode.name), ('precision', run.precision)]
+                ('mode_name', run.mode.name),
+                ('precision', str(run.precision))]
 
     def seed(self, run):
         pass        # make_model seeds NumPy's stream (Python's is not used)

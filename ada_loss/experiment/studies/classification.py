@@ -9,7 +9,8 @@ the config sweeps ``grid.precisions``) with run name
 (``fixed:128`` -> ``fixed_128``).
 
 One run (the recipe of :class:`ada_loss.experiment.recipe.TrainingStudy`,
-with this study's hooks) builds the model in the run's precision (float32 for ``fp32``, mixed16 unless given otherwise), MomentumSGD
+with this study's hooks) builds the model in the run's precision (float32
+for ``fp32``, mixed16 unless given otherwise), MomentumSGD
 with FP32 master weights and a per-parameter weight-decay hook (it runs
 inside the update rule, after the gradient is unscaled in FP32), the
 loss-scaling method of the mode, and Chainer's Trainer with the extensions of
@@ -40,10 +41,10 @@ from ada_loss.experiment.data import DATASETS, dataset_info, load_datasets
 from ada_loss.experiment.models import MODEL_HELP, build
 from ada_loss.experiment.modes import grid_modes, mode_slug, mode_sort_key
 from ada_loss.loss_scale.dynamic import describe_styles
-from ada_loss.scaling import parse_mode, resolve_precision
+from ada_loss.scaling import resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
-from ada_loss.precision import PRECISION_HELP
+from ada_loss.precision import PRECISION_HELP, parse_precision
 
 # -- the config ----------------------------------------------------------------------
 @dataclasses.dataclass
@@ -59,7 +60,7 @@ class Grid:
     fixed_scales: List[C.FixedScale] = setting(
         [], 'fixed loss scales S, run as modes fixed:S', nonempty=False)
     seeds: List[int] = setting([0], 'random seeds (one run each)', minimum=0)
-    precisions: List[C.Precision] = setting(
+    precisions: List[C.PrecisionName] = setting(
         [], 'precisions to sweep, each into <out>/<table>/<precision>/ (the '
         'precision table); empty: train.precision only', nonempty=False)
 
@@ -97,7 +98,7 @@ class Data:
 class Train:
     renamed = {'dtype': 'precision'}
 
-    precision: Optional[C.Precision] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     batchsize: int = setting(128, 'minibatch size (global, all ranks)',
                              minimum=1)
     lr: float = setting(0.1, 'initial learning rate', positive=True)
@@ -295,7 +296,7 @@ class ClassificationStudy(RC.TrainingStudy):
         return run_name(cell)
 
     def folder(self, out, cfg, cell):
-        parts = [out, cfg.table] + ([cell.precision] if cell.precision
+        parts = [out, cfg.table] + ([str(cell.precision)] if cell.precision
                                     else []) + [run_name(cell)]
         return os.path.join(*parts)
 
@@ -305,11 +306,11 @@ class ClassificationStudy(RC.TrainingStudy):
         precision = resolve_precision(cell.mode, cell.precision or
                                       c.train.precision)
         out = {'run': {'model': cell.model, 'dataset': cell.dataset,
-                       'mode': cell.mode, 'seed': cell.seed,
+                       'mode': str(cell.mode), 'seed': cell.seed,
                        'precision': precision}}
         d = C.to_dict(c)
         if cell.precision:    # the sweep's run: as its own config says
-            d['train']['precision'] = cell.precision
+            d['train']['precision'] = str(cell.precision)
             d['table'] = '{}/{}'.format(cfg.table, cell.precision)
             d['layout'] = 'precision'
         out.update((k, v) for k, v in d.items()
@@ -347,8 +348,9 @@ class ClassificationStudy(RC.TrainingStudy):
             except ValueError as e:
                 raise C.ConfigError('comm.group_size', str(e))
         rcfg = self.run_config(cfg, cell)
-        return RC.Run(cfg=cfg, cell=cell, config=c, mode=parse_mode(cell.mode),
-                      precision=rcfg['run']['precision'], seed=cell.seed,
+        return RC.Run(cfg=cfg, cell=cell, config=c, mode=cell.mode,
+                      precision=parse_precision(rcfg['run']['precision']),
+                      seed=cell.seed,
                       log=c.log, policy=policy, table=rcfg['table'])
 
     def run_fields(self, run):
@@ -356,7 +358,7 @@ class ClassificationStudy(RC.TrainingStudy):
         return [('name', run_name(cell)), ('table', run.table),
                 ('model', cell.model), ('dataset', cell.dataset)] + \
             RC.mode_fields(run.mode) + [('seed', cell.seed),
-                                        ('precision', run.precision)]
+                                        ('precision', str(run.precision))]
 
     def load_data(self, run, cache):
         key = (run.cell.dataset, repr(run.config.data))

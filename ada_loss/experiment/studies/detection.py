@@ -78,7 +78,7 @@ class Data:
 
 @dataclasses.dataclass
 class Train:
-    precision: Optional[C.Precision] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     iterations: int = setting(120000, 'training length', minimum=1)
     lr: float = setting(1e-3, 'initial learning rate', positive=True)
     lr_steps: List[int] = setting([80000, 100000], 'iterations where lr *= '
@@ -194,7 +194,7 @@ class DetectionStudy(RC.TrainingStudy):
         return [('name', ssd_run_name(cell)), ('table', run.cfg.table),
                 ('model', cell.model), ('dataset', 'voc0712'),
                 ('batchsize', cell.batchsize)] + RC.mode_fields(run.mode) + \
-            [('seed', cell.seed), ('precision', run.precision)]
+            [('seed', cell.seed), ('precision', str(run.precision))]
 
     def load_data(self, run, cache):
         return cache or self.preload(run.cfg, [run.cell])

@@ -48,7 +48,6 @@ from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import recipe as RC
 from ada_loss.experiment.config import setting
 from ada_loss.models import build_model
-from ada_loss.scaling import parse_mode, resolve_precision
 from ada_loss.training import Classifier
 from ada_loss.training import dtype_config
 from ada_loss.training import setup_optimizer
@@ -86,7 +85,7 @@ class Settings:
     momentum: float = setting(0.9, 'MomentumSGD momentum', minimum=0.0)
     weight_decay: float = setting(1e-4, 'weight decay', minimum=0.0)
     seed: int = setting(0, 'random seed', minimum=0)
-    precision: Optional[C.Precision] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     photometric: bool = setting(True, 'detection: photometric distortion')
     modes: Dict[str, C.Mode] = setting(
         {'fig1': 'fp32', 'fixed': 'fixed:128', 'adaptive': 'adaptive'},
@@ -197,15 +196,14 @@ class FiguresStudy(RC.TrainingStudy):
     records_epoch = False
 
     def setup(self, cfg, cell, comm=None):
-        spec = parse_mode(cell.mode)
-        return RC.Run(cfg=cfg, cell=cell, config=cfg, mode=spec,
-                      precision=resolve_precision(spec, cfg.precision),
+        return RC.Run(cfg=cfg, cell=cell, config=cfg, mode=cell.mode,
+                      precision=RC.run_precision(cell.mode, cfg.precision),
                       seed=cfg.seed,
                       log=log_of(cfg))
 
     def run_fields(self, run):
         return [('name', run.cell.run), ('table', run.cfg.table),
-                ('mode', run.cell.mode), ('precision', run.precision)]
+                ('mode', str(run.mode)), ('precision', str(run.precision))]
 
     def load_data(self, run, cache):
         if run.cfg.task == 'detection':
@@ -285,9 +283,9 @@ def make_figures(cfg, folder, quiet=False):
                 name, cfg.modes['fig1']))
     summary = {'config': C.to_dict(cfg), 'runs': infos}
     if 'adaptive' in records:
-        fixed_mode = cfg.modes.get('fixed', '')
-        fixed_scale = (float(fixed_mode.split(':', 1)[1])
-                       if fixed_mode.startswith('fixed:') else None)
+        fixed_mode = cfg.modes.get('fixed')
+        fixed_scale = (fixed_mode.options['scale'] if fixed_mode is not None
+                       and fixed_mode.name == 'fixed' else None)
         paths['fig4a'] = plots.plot_fig4a(
             records['adaptive'], os.path.join(folder, 'fig4a.png'),
             fixed_scale, 'Fig. 4a: loss scale of each layer, {}'.format(name))

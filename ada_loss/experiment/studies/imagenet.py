@@ -58,7 +58,7 @@ class Data:
 
 @dataclasses.dataclass
 class Train:
-    precision: Optional[C.Precision] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     batchsize: int = setting(256, 'global minibatch size', minimum=1)
     base_lr: float = setting(0.1, 'lr for batch 256 (lr = base_lr * B/256)',
                              positive=True)
@@ -153,7 +153,7 @@ class ImageNetStudy(RC.TrainingStudy):
         return [('name', run_name(cell)), ('table', run.cfg.table),
                 ('model', cell.model), ('dataset', 'imagenet')] + \
             RC.mode_fields(run.mode) + [('seed', cell.seed),
-                                        ('precision', run.precision)]
+                                        ('precision', str(run.precision))]
 
     def load_data(self, run, cache):
         d = run.cfg.data
