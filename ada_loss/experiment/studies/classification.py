@@ -44,7 +44,7 @@ from ada_loss.loss_scale.dynamic import describe_styles
 from ada_loss.scaling import resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
-from ada_loss.precision import PRECISION_HELP, parse_precision
+from ada_loss.precision import PRECISION_HELP
 
 # -- the config ----------------------------------------------------------------------
 @dataclasses.dataclass
@@ -347,11 +347,11 @@ class ClassificationStudy(RC.TrainingStudy):
                 policy.check(comm.size)
             except ValueError as e:
                 raise C.ConfigError('comm.group_size', str(e))
-        rcfg = self.run_config(cfg, cell)
         return RC.Run(cfg=cfg, cell=cell, config=c, mode=cell.mode,
-                      precision=parse_precision(rcfg['run']['precision']),
-                      seed=cell.seed,
-                      log=c.log, policy=policy, table=rcfg['table'])
+                      precision=RC.run_precision(cell.mode, cell.precision or
+                                                 c.train.precision),
+                      seed=cell.seed, log=c.log, policy=policy,
+                      table=self.run_config(cfg, cell)['table'])
 
     def run_fields(self, run):
         cell = run.cell
