@@ -79,7 +79,7 @@ from ada_loss.training.random_states import RandomStates, SerialIterator
 from ada_loss.training.seeded_iterator import SeededIterator
 from ada_loss.training.snapshot import Snapshot, snapshot_candidates
 from ada_loss.training.hooks import add_weight_decay
-from ada_loss.training.precision import setup_optimizer
+from ada_loss.training.precision_setup import setup_optimizer
 from ada_loss.training.distributed import (
     DistributedMixedPrecisionUpdater, create_multi_node_optimizer,
     prime_multi_node_optimizer)

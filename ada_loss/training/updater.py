@@ -10,7 +10,7 @@ from ada_loss.errors import NonFiniteGradientError
 def _format_params(model):
     """ids of the parameters whose gradients are stored in an emulated
     format: those of GEMM links with a backward format (``gemm_formats``,
-    :func:`ada_loss.training.precision.apply_precision`). None if the model
+    :func:`ada_loss.training.apply_precision`). None if the model
     has no such link (then every gradient is taken to be in the format)."""
     ids = set()
     for link in model.links():
