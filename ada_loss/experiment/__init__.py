@@ -5,7 +5,7 @@ Trainer set-up and ``run.json`` shared by every run (:mod:`.trainer`,
 :mod:`.runinfo`), the tables (:mod:`.tables`) and plots (:mod:`.plots`).
 The studies (:mod:`.studies`): classification (Tables 1 and 4, the mini
 reproduction, the precision table), ImageNet (Table 2), detection (Tables 3
-and 5), APS (seed 004) and the figures. Nothing in the library imports
+and 5), APS (Han et al.) and the figures. Nothing in the library imports
 from here.
 """
 import os as _os

@@ -28,7 +28,7 @@ def _overflowed(param, fmt, in_format):
     xp = backend.get_array_module(g)
     if fmt is not None and fmt.saturates and (
             in_format is None or id(param) in in_format):
-        # An overflow saturates to +-u_max (seed 002's "saturation mode"),
+        # An overflow saturates to +-u_max (the Ascend guide's "saturation mode"),
         # so a value at u_max counts as one; NaN fails the comparison too.
         return not bool((xp.abs(g) < fmt.u_max).all())
     return not bool(xp.isfinite(g).all())

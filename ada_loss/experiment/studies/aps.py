@@ -1,4 +1,5 @@
-"""The APS measurements (seed 004) as studies on the one run path.
+"""The APS measurements (Han et al., *Auto-Precision Scaling for Distributed
+Deep Learning*) as studies on the one run path.
 
 * Table 4 analogue (§4.1, :class:`Table4Study`, ``experiments/aps_table4.py``):
   test accuracy with FP32 vs (5, 2), (4, 3), (3, 0) gradient communication,

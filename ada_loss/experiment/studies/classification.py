@@ -126,7 +126,7 @@ class Train:
 @dataclasses.dataclass
 class Comm:
     """Low-precision gradient communication of a data-parallel run (APS,
-    seed 004; :mod:`ada_loss.communication`)."""
+    Han et al.; :mod:`ada_loss.communication`)."""
     format: Optional[C.FormatName] = setting(
         None, 'gradient format of the all-reduce, e.g. e4m3, e5m2, '
         'fp4_e2m1 (null: ChainerMN\'s FP32 averaging); needs --mpi')
