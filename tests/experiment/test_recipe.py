@@ -47,3 +47,20 @@ def test_every_training_entry_has_a_precision_setting(study):
     from ada_loss.experiment import config as C
     keys = [line.split(':')[0] for line in C.describe(study.STUDY.Config)]
     assert 'train.precision' in keys or 'precision' in keys
+
+
+@pytest.mark.parametrize('mode, t_uf, bound', [
+    ('adaptive', 1e-3, 'output'),                # AdaptiveScaling's defaults
+    ('adaptive:t_uf=0.01,bound=product', 0.01, 'product'),
+    ('amax', 1e-3, None),                        # the probe's own
+    ('fixed:128', 1e-3, None)])
+def test_the_probe_takes_the_methods_options(mode, t_uf, bound):
+    """The GEMM probe recomputes the bounds with the loss scaling's own T_uf
+    and bound: no mode defaults are re-derived in the harness."""
+    from ada_loss.analysis.gemm_probe import ProbingLossScaling
+    from ada_loss.scaling import parse_mode
+    log = recipe.Log(probe_every=3)
+    scaling = recipe.make_scaling(parse_mode(mode), 'mixed16', log)
+    assert isinstance(scaling, ProbingLossScaling)
+    assert (scaling.t_uf, scaling.bound, scaling.mode) == (
+        t_uf, bound, str(parse_mode(mode)))
