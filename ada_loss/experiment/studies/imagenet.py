@@ -6,8 +6,10 @@ The training method of He et al. (2016) in its common large-batch form
 linear warm-up over the first 5 epochs, x0.1 at epochs 30, 60 and 80, weight
 decay 1e-4; random-resized crops + flips, 224x224 center crops of
 256-resized images for evaluation. Only the loss-scaling mode changes:
-FP32 | None | Fixed (128) | Dynamic | Adaptive. Each cell is one run
-(:meth:`ImageNetStudy.run`)
+FP32 | None | Fixed (128) | Dynamic | Adaptive, in mixed16 unless
+``train.precision`` says otherwise (any precision of
+:mod:`ada_loss.precision`). Each cell is one run (the recipe of
+:class:`~ada_loss.experiment.recipe.TrainingStudy`, this study's hooks)
 in ``<out>/<table>/<model>-imagenet-<mode>-s<seed>/`` with the harness's
 files (``run.json``: status finished/diverged, ``final_test_accuracy`` =
 top-1 on the validation set ...). The table goes to
