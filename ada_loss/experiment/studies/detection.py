@@ -8,9 +8,9 @@ Table 3 (§4.3): VOC07 test mAP (%) of SSD512 trained on VOC07+12 with batch
 
 One run (the recipe of :class:`~ada_loss.experiment.recipe.TrainingStudy`,
 this study's hooks) is ChainerCV's SSD example (Liu et al. 2016), in mixed16
-unless ``train.precision`` says otherwise: VOC07+12 trainval, the SSD augmentation, MomentumSGD (0.9) at lr 1e-3
-x0.1 at 80k and 100k of 120k iterations, weight decay 5e-4 (biases: 2x lr,
-no decay), evaluation on VOC2007 test (11-point mAP, difficult objects
+unless ``train.precision`` says otherwise: VOC07+12 trainval, the SSD
+augmentation, MomentumSGD (0.9) at lr 1e-3 x0.1 at 80k and 100k of 120k
+iterations, weight decay 5e-4 (biases: 2x lr, no decay), evaluation on VOC2007 test (11-point mAP, difficult objects
 ignored). Only the loss-scaling mode (and the batch size: 8 or 32) changes
 between runs. A run lives in ``<out>/<table>/<model>-b<batch>-<mode>-s<seed>/``
 with the harness's files (``run.json``: ``status``, ``final_map``,
