@@ -194,7 +194,9 @@ def to_plain(value):
         return {k: to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_plain(v) for v in value]
-    return copy.deepcopy(value)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)       # any other parsed value: its text
 
 
 _UNITS = {'epoch': 'epoch', 'epochs': 'epoch', 'iteration': 'iteration',
