@@ -41,6 +41,6 @@ if chainer is not None:
     from ada_loss.precision import PRECISIONS, parse_precision  # NOQA
     from ada_loss.scaling import (  # NOQA
         MODES, make_loss_scaling, parse_mode, resolve_precision)
-    from ada_loss.training.precision import apply_precision  # NOQA
+    from ada_loss.training.precision_setup import apply_precision  # NOQA
 
 __version__ = '0.1.0'

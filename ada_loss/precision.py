@@ -37,10 +37,12 @@ gradient entering each GEMM in the backward and every gradient it produces
 (input, weight and bias gradients) to the backward format. The GEMM itself
 accumulates in FP32. Loss scaling then targets the backward format's range.
 
-This module is pure data (a name, two formats, a storage); it sits below
-both the loss-scaling methods (:mod:`ada_loss.scaling` targets the gradient
-format) and training (:mod:`ada_loss.training.precision` applies a
-precision to a model and its optimizer).
+This module parses a precision into a :class:`Precision` (a name, two
+formats, a storage) and gives the Chainer dtype config it builds models in
+(:func:`dtype_config`, hence its import of Chainer); it sits below both the
+loss-scaling methods (:mod:`ada_loss.scaling` targets the gradient format)
+and training (:mod:`ada_loss.training.precision_setup` applies a precision
+to a model and its optimizer).
 """
 import collections
 import contextlib

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""APS (seed 004): the cost study of ada_loss/experiment/studies/aps.py,
+"""APS (Han et al.): the cost study of ada_loss/experiment/studies/aps.py,
 configs/aps_cost.yaml. Takes the options of every entry (--set, --only,
 --out, --force, --resume, --list, --table-only, --help-config, ...)."""
 import os

@@ -21,6 +21,7 @@ im2col/cuBLAS path: no cuDNN).
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -31,7 +32,10 @@ import chainer
 import cupy
 from cupyx.profiler import benchmark
 
-from ada_loss.loss_scale import device
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'tests'))
+from gpu_helpers import (  # NOQA: E402 (tests/ on sys.path)
+    SPIN, count_synchronizations, waits_for_device)
 
 DEVICE = '@cupy:0'
 MODELS = {'resnet20': dict(batch=128, insize=32, num_classes=10),
@@ -114,7 +118,7 @@ def synchronizations(model):
         cupy.cuda.Device().synchronize()
         return lambda: s.scaling.ada.backward(loss)
     with chainer.using_config('train', True):
-        count = device.count_synchronizations(prepared())
+        count = count_synchronizations(prepared())
         backward = prepared()
         t0 = time.perf_counter()
         backward()
@@ -122,7 +126,7 @@ def synchronizations(model):
         del backward    # its graph: a later one must not need new memory
         cupy.cuda.Device().synchronize()
         # the spin outlasts the backward's host time by far
-        waited = device.waits_for_device(prepared(), seconds=5 + 4 * host)
+        waited = waits_for_device(prepared(), seconds=5 + 4 * host)
         first = first_waiting_function(prepared(), seconds=5 + 4 * host) \
             if waited else None
         # Chainer's own backward of the same model at a fixed scale: a wait
@@ -136,7 +140,7 @@ def synchronizations(model):
             cupy.cuda.Device().synchronize()
             return lambda: loss.backward(loss_scale=128.0)
         plain_prepared()()
-        waited_plain = device.waits_for_device(plain_prepared(),
+        waited_plain = waits_for_device(plain_prepared(),
                                                seconds=5 + 4 * host)
         # The same with CUDA's stream-ordered allocator (cudaMallocAsync):
         # a wait that disappears there came from growing CuPy's default
@@ -146,7 +150,7 @@ def synchronizations(model):
         try:
             s.step()
             prepared()()
-            waited_async = device.waits_for_device(prepared(),
+            waited_async = waits_for_device(prepared(),
                                                    seconds=5 + 4 * host)
         finally:
             cupy.cuda.set_allocator(pool.malloc)
@@ -178,7 +182,7 @@ class _WaitProbe(chainer.FunctionHook):
 
 
 def first_waiting_function(backward, seconds):
-    spin = cupy.RawKernel(device._SPIN, 'ada_loss_spin')
+    spin = cupy.RawKernel(SPIN, 'ada_loss_spin')
     rate = cupy.cuda.runtime.getDeviceProperties(0)['clockRate'] * 1e3
     done = cupy.cuda.Event()
     cupy.cuda.Device().synchronize()

@@ -8,11 +8,14 @@
 #  2. the FP8 E4M3 table: every mode (none, fixed {16, 64, 256}, dynamic,
 #     adaptive, adaptive with the paper's overflow bound, amax) with
 #     gradients in FP8 E4M3, 2 seeds, where the methods differ for real.
-# Options go to both (e.g. --out DIR, --jobs N).
+# Options go to both (e.g. --out DIR, --jobs N). At the end: the wall time.
+# scripts/check_docs.py reruns both and compares their tables with README.md.
 #   ./scripts/demo.sh                      # results in results/mini/, results/demo_fp8/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh
+SECONDS=0
 .venv/bin/python experiments/mini_repro.py "$@"
-exec .venv/bin/python experiments/precision_table.py \
+.venv/bin/python experiments/precision_table.py \
   --config configs/demo_fp8.yaml "$@"
+echo "[demo] wall time of both tables: ${SECONDS} s"

@@ -87,7 +87,7 @@ class ObservingLossScaling(object):
 
     def writer(self):
         """The :class:`ObservationsWriter` of this observer (registered
-        on the Trainer by :func:`ada_loss.experiment.trainer.
+        on the Trainer by :func:`ada_loss.experiment.recipe.
         extend_trainer`)."""
         raise NotImplementedError
 

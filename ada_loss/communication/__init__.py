@@ -1,5 +1,6 @@
 """Low-precision gradient communication for data-parallel training:
-Auto Precision Scaling (APS, seed 004) on ChainerMN and in an N-worker
+Auto-Precision Scaling (APS; Han et al., *Auto-Precision Scaling for
+Distributed Deep Learning*) on ChainerMN and in an N-worker
 simulator.
 
 * :func:`allreduce_low_precision`: one layer's gradients of p workers → their

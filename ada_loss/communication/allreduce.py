@@ -1,4 +1,4 @@
-"""APS (Algorithm 1 of seed 004) for one step's gradients, with the
+"""APS (Algorithm 1 of Han et al.) for one step's gradients, with the
 low-precision sum emulated as CPD does (§5.1).
 
 One step, for the gradients of ``p`` workers packed into flat FP32 buffers

@@ -1,4 +1,4 @@
-"""A format's values as integer codes: what APS puts on the wire (seed 004,
+"""A format's values as integer codes: what APS puts on the wire (Han et al.,
 §3.3.3: "we only need to communicate 8 bits" per gradient value).
 
 The emulation stores a format's values in float32. On the wire each value

@@ -1,5 +1,5 @@
 """APS on ChainerMN: a communicator whose gradient mean is the low-precision
-all-reduce of Algorithm 1 (seed 004), composed with the per-parameter
+all-reduce of Algorithm 1 (Han et al.), composed with the per-parameter
 loss-scale sync of :mod:`ada_loss.training.distributed`.
 
 What one ``multi_node_mean_grad`` (= ``allreduce_grad``) does, per step:

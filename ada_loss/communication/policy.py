@@ -1,6 +1,7 @@
 """What is communicated in which precision: :class:`CommPolicy`.
 
-The options of the APS paper (seed 004):
+The options of the APS paper (Han et al., *Auto-Precision Scaling for
+Distributed Deep Learning*):
 
 * ``fmt``: the low-precision gradient format, any name of
   :func:`ada_loss.formats.get_format` (``e5m2``, ``e4m3``, ``e3m0``, ...; the

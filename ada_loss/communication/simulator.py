@@ -1,5 +1,5 @@
 """N data-parallel workers in one process, for accuracy studies of
-low-precision gradient communication (APS, seed 004) at any N (256+).
+low-precision gradient communication (APS, Han et al.) at any N (256+).
 
 :class:`SimulatedDataParallelUpdater` is a :class:`MixedPrecisionUpdater`
 whose step is what N ChainerMN ranks running

@@ -1,5 +1,5 @@
 """APS on the wire: the low-precision sum of one step as real MPI messages
-of format codes (seed 004, Algorithm 1 line 8, §4.1–4.2), bit-identical to
+of format codes (Han et al., Algorithm 1 line 8, §4.1–4.2), bit-identical to
 the emulation of :mod:`~ada_loss.communication.summation`.
 
 The emulation gathers FP32 payloads and accumulates them in the format in a

@@ -3,8 +3,8 @@
 :func:`build_ssd` returns ChainerCV's ``SSD512``/``SSD300`` (VGG-16 backbone,
 Liu et al. 2016) made ready for MPT:
 
-* built under ``dtype_config(dtype)``: in mixed16 every convolution weight and
-  bias and the ``Normalize`` scale are FP16 (the optimizer keeps FP32 master
+* built under ``dtype_config(precision)``: in mixed16 every convolution
+  weight and bias and the ``Normalize`` scale are FP16 (the optimizer keeps FP32 master
   copies, see :func:`ada_loss.training.setup_optimizer`); the VGG-16
   convolutions are lazily initialized by ChainerCV, at the first forward,
   which runs under the same dtype;
@@ -34,21 +34,22 @@ from chainercv.links.model.ssd import SSD300, SSD512
 
 from ada_loss.detection.normalize import make_normalize_fp32
 from ada_loss.links import as_gemm_link
-from ada_loss.training.precision import (
-    apply_precision, compute_dtype, dtype_config)
+from ada_loss.precision import compute_dtype, dtype_config
+from ada_loss.training.precision_setup import apply_precision
 
 #: ChainerCV's SSD mean (RGB, ImageNet) subtracted from input images.
 SSD_MEAN = numpy.array((123, 117, 104), numpy.float32).reshape((-1, 1, 1))
 
 
 class MixedPrecisionSSD(object):
-    """Mixin over a ChainerCV ``SSD``: dtype-aware forward (FP32 outputs)."""
+    """Mixin over a ChainerCV ``SSD``: a forward in the model's
+    ``precision`` (:mod:`ada_loss.precision`; FP32 outputs)."""
 
-    dtype = 'float32'
+    precision = 'float32'
 
     def forward(self, x):
-        with dtype_config(self.dtype):
-            xdtype = compute_dtype(self.dtype)
+        with dtype_config(self.precision):
+            xdtype = compute_dtype(self.precision)
             if x.dtype != xdtype:
                 x = F.cast(x, xdtype)
             mb_locs, mb_confs = super(MixedPrecisionSSD, self).forward(x)
@@ -108,7 +109,7 @@ class TinySSD(MixedPrecisionSSD, SSD):
 
 def initialize_params(model):
     """Initializes ChainerCV's lazily initialized parameters now, with one
-    forward pass on a zero image (in the model's dtype), so that snapshots,
+    forward pass on a zero image (in the model's precision), so that snapshots,
     resumes and ChainerMN broadcasts see every parameter."""
     if all(p.array is not None for p in model.params()):
         return model
@@ -123,14 +124,16 @@ _MODELS = {'ssd512': MixedPrecisionSSD512, 'ssd300': MixedPrecisionSSD300,
 SSD_MODELS = tuple(_MODELS)
 
 
-def build_ssd(name='ssd512', n_fg_class=20, dtype='float32',
+def build_ssd(name='ssd512', n_fg_class=20, precision='float32',
               pretrained_model=None, initialize=False):
-    """An SSD ready for float32 or mixed16 training (see module docstring).
+    """An SSD ready for training in ``precision`` (see module docstring).
 
     Args:
         name: 'ssd512' (the paper's), 'ssd300' or 'ssd_tiny'.
         n_fg_class (int): foreground classes (20 for VOC).
-        dtype: 'float32' or 'mixed16'.
+        precision: a precision of :mod:`ada_loss.precision` (its name or a
+            :class:`~ada_loss.precision.Precision`): 'float32', 'mixed16',
+            or an emulated one (the GEMM links round to its formats).
         pretrained_model: ``None`` or the path of a local ``.npz`` (e.g.
             ChainerCV's VGG-16 ImageNet weights for SSD). ChainerCV's named
             weights ('imagenet', 'voc0712') would be downloaded: refused.
@@ -147,7 +150,7 @@ def build_ssd(name='ssd512', n_fg_class=20, dtype='float32',
                 'pretrained_model must be None or the path of a local .npz '
                 'file (nothing is downloaded); got {!r}'.format(
                     pretrained_model))
-    with dtype_config(dtype):
+    with dtype_config(precision):
         if name == 'ssd_tiny':
             model = TinySSD(n_fg_class)
             if pretrained_model:
@@ -156,8 +159,8 @@ def build_ssd(name='ssd512', n_fg_class=20, dtype='float32',
         else:
             model = _MODELS[name](n_fg_class=n_fg_class,
                                   pretrained_model=pretrained_model)
-    model.dtype = dtype
-    apply_precision(model, dtype)
+    model.precision = precision
+    apply_precision(model, precision)
     for path, link in model.namedlinks():
         if as_gemm_link(link):
             link.scale_key = path.lstrip('/')

@@ -16,7 +16,7 @@ from chainercv.links.model.ssd import multibox_loss
 
 from ada_loss.training.distributed import create_multi_node_optimizer
 from ada_loss.training.hooks import WeightDecay
-from ada_loss.training.precision import setup_optimizer
+from ada_loss.training.precision_setup import setup_optimizer
 
 
 class MultiboxTrainChain(chainer.Chain):
@@ -54,19 +54,19 @@ class MultiboxTrainChain(chainer.Chain):
 
 
 def setup_ssd_optimizer(train_chain, lr=1e-3, momentum=0.9,
-                        weight_decay=5e-4, dtype='float32', comm=None):
+                        weight_decay=5e-4, precision='float32', comm=None):
     """MomentumSGD as in ChainerCV's SSD example: biases get twice the
     learning rate (``GradientScaling(2)``), other parameters weight decay
     (both per-parameter hooks: they see the unscaled FP32 gradient; the
     decay is :mod:`ada_loss.training.hooks`' WeightDecay, whose rate does
-    not depend on the loss scale, unlike Chainer's). FP32
-    master weights in mixed16; ChainerMN's multi-node optimizer (with the
-    loss-scale synchronization of :mod:`ada_loss.training.distributed`)
-    when ``comm`` is given."""
+    not depend on the loss scale, unlike Chainer's). FP32 master
+    weights in mixed16 (``precision``); ChainerMN's multi-node optimizer
+    (with the loss-scale synchronization of
+    :mod:`ada_loss.training.distributed`) when ``comm`` is given."""
     optimizer = chainer.optimizers.MomentumSGD(lr=lr, momentum=momentum)
     if comm is not None:
         optimizer = create_multi_node_optimizer(optimizer, comm)
-    setup_optimizer(optimizer, train_chain, dtype)
+    setup_optimizer(optimizer, train_chain, precision)
     for param in train_chain.params():
         if param.name == 'b':
             param.update_rule.add_hook(GradientScaling(2))

@@ -1,12 +1,14 @@
 """The experiment harness, separate from the library: typed YAML configs
-(:mod:`.config`), the one run path of every entry (:mod:`.runner`: a
-:class:`~.runner.Study` names its config, cells, run and tables), the
-Trainer set-up and ``run.json`` shared by every run (:mod:`.trainer`,
-:mod:`.runinfo`), the tables (:mod:`.tables`) and plots (:mod:`.plots`).
-The studies (:mod:`.studies`): classification (Tables 1 and 4, the mini
-reproduction, the precision table), ImageNet (Table 2), detection (Tables 3
-and 5), APS (seed 004) and the figures. Nothing in the library imports
-from here.
+(:mod:`.config`; modes and precisions parsed once), the one run path of every
+entry (:mod:`.runner`: a :class:`~.runner.Study` names its config, cells, run
+and tables), the one training recipe (:mod:`.recipe`: every study that trains
+is a :class:`~.recipe.TrainingStudy`, and only its ``run`` constructs
+Chainer's Trainer), ``run.json`` (:mod:`.runinfo`), the modes in tables and
+folder names (:mod:`.modes`), the tables (:mod:`.tables`) and plots
+(:mod:`.plots`). The studies (:mod:`.studies`): classification (Tables 1 and
+4, the mini reproduction, the precision table), ImageNet (Table 2), detection
+(Tables 3 and 5), APS (Han et al.), the figures, the depth study and the FP8
+diagnosis. Nothing in the library imports from here.
 """
 import os as _os
 

@@ -22,8 +22,13 @@ naming the dotted key and what was expected (unknown keys list the allowed
 ones). Types: ``int``, ``float``, ``bool``, ``str``, ``Optional[T]``,
 ``List[T]`` (a scalar is a one-item list; duplicates dropped), ``Dict[str,
 T]``, ``Literal[...]`` (choices) and the value types below
-(:class:`Mode`, :class:`Precision`, :class:`Interval`, ...), each a class
-with ``expected`` (its description) and ``parse(value, key)``.
+(:class:`Mode`, :class:`PrecisionName`, :class:`Interval`, ...), each a
+class with ``expected`` (its description) and ``parse(value, key)``.
+:class:`Mode` and :class:`PrecisionName` hand the studies parsed objects (a
+:class:`~ada_loss.scaling.LossScalingSpec`, a
+:class:`~ada_loss.precision.Precision`), defaults included; they become
+text again only in ``config.yaml`` (:func:`to_dict`, :func:`to_plain`),
+folder names, ``run.json`` and tables.
 ``--help-config`` (:func:`describe`) is generated from the same types.
 A config class may define ``check(self)`` for checks across keys.
 """
@@ -39,8 +44,8 @@ import yaml
 from ada_loss.formats import get_format
 from ada_loss.experiment.data import DATASETS
 from ada_loss.experiment.models import MODEL_HELP, check_model_name
-from ada_loss.scaling import parse_mode
-from ada_loss.precision import PRECISION_HELP, parse_precision
+from ada_loss.scaling import LossScalingSpec, parse_mode
+from ada_loss.precision import PRECISION_HELP, Precision, parse_precision
 
 
 class ConfigError(ValueError):
@@ -75,15 +80,20 @@ def section(cls):
 
 # -- value types ----------------------------------------------------------------
 class Mode(object):
-    """A loss-scaling mode string, normalized by
-    :func:`ada_loss.scaling.parse_mode`."""
+    """A loss-scaling mode: its text in a config, parsed once into a
+    :class:`~ada_loss.scaling.LossScalingSpec` (``str`` of it: the
+    normalized text, for folder names, ``run.json`` and tables)."""
     expected = ('a loss-scaling mode (fp32, none, fixed:S, dynamic[:style='
                 'pytorch|chainer|tf,k=v], adaptive[:k=v], amax[:k=v])')
+    #: what :meth:`parse` returns
+    parsed = LossScalingSpec
+    #: a mode's own options are joined by commas (``--only``)
+    commas = True
 
     @staticmethod
     def parse(value, key):
         try:
-            return str(parse_mode(value))
+            return parse_mode(value)
         except ValueError as e:
             raise ConfigError(key, str(e))
 
@@ -102,15 +112,21 @@ class FixedScale(object):
             raise ConfigError(key, str(e))
 
 
-class Precision(object):
-    """A precision name (:func:`ada_loss.training.precision.
-    parse_precision`)."""
+class PrecisionName(object):
+    """A precision: its name in a config, parsed once into a
+    :class:`ada_loss.precision.Precision` (``str`` of it: the canonical
+    name, for folder names, ``run.json`` and tables)."""
     expected = PRECISION_HELP
+    #: what :meth:`parse` returns
+    parsed = Precision
+    #: a scaled precision's options are joined by commas (``--only``:
+    #: ``precision=fp8:recipe=delayed,history=16``)
+    commas = True
 
     @staticmethod
     def parse(value, key):
         try:
-            return parse_precision(value).name
+            return parse_precision(value)
         except ValueError as e:
             raise ConfigError(key, str(e))
 
@@ -153,6 +169,37 @@ class FormatName(object):
             return get_format(value).name
         except ValueError as e:
             raise ConfigError(key, str(e))
+
+
+#: the value types whose values are parsed objects (not text)
+PARSED_TYPES = (Mode, PrecisionName)
+
+
+def value_type_of(value):
+    """The value type of :data:`PARSED_TYPES` a parsed ``value`` belongs to
+    (None for anything else): how a text given for it elsewhere (``--only``)
+    is parsed."""
+    for tp in PARSED_TYPES:
+        if isinstance(value, tp.parsed):
+            return tp
+    return None
+
+
+def to_plain(value):
+    """A config, a section or a value as plain nested dicts, lists and
+    scalars (YAML-ready): parsed values become their text again."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name))
+                for f in dataclasses.fields(value)}
+    if value_type_of(value) is not None:
+        return str(value)
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)       # any other parsed value: its text
 
 
 _UNITS = {'epoch': 'epoch', 'epochs': 'epoch', 'iteration': 'iteration',
@@ -289,6 +336,14 @@ def check_value(tp, meta, value, key):
     return tp.parse(value, key)
 
 
+def _parsed(tp):
+    """Whether values of type ``tp`` hold parsed objects (:data:`PARSED_TYPES`,
+    also inside Optional, List or Dict)."""
+    if tp in PARSED_TYPES:
+        return True
+    return any(_parsed(a) for a in typing.get_args(tp))
+
+
 def _hints(cls):
     return typing.get_type_hints(cls, include_extras=False)
 
@@ -314,10 +369,19 @@ def from_dict(cls, raw, prefix='', partial=False):
                                   sorted(names))))
     values = {}
     for f in dataclasses.fields(cls):
-        if f.name not in raw:
+        tp = hints[f.name]
+        if f.name in raw:
+            values[f.name] = check_value(tp, f.metadata, raw[f.name],
+                                         prefix + f.name)
+        elif partial:
             continue
-        values[f.name] = check_value(hints[f.name], f.metadata,
-                                     raw[f.name], prefix + f.name)
+        elif dataclasses.is_dataclass(tp):    # a section left out
+            values[f.name] = from_dict(tp, {}, prefix + f.name + '.')
+        elif _parsed(tp):                     # its default, parsed
+            default = f.default if f.default is not dataclasses.MISSING \
+                else f.default_factory()
+            values[f.name] = check_value(tp, f.metadata, default,
+                                         prefix + f.name)
     if partial:
         return values
     obj = cls(**values)
@@ -327,8 +391,9 @@ def from_dict(cls, raw, prefix='', partial=False):
 
 
 def to_dict(cfg):
-    """A config as plain nested dicts and lists (YAML-ready)."""
-    return dataclasses.asdict(cfg)
+    """A config as plain nested dicts and lists (YAML-ready; parsed values
+    as text)."""
+    return to_plain(cfg)
 
 
 def replace(cfg, **changes):

@@ -2,7 +2,8 @@
 
 Fields: ``name``, ``table``, ``model``, ``dataset``, ``mode`` (the mode
 string with its options, ``str(parse_mode(mode))``), ``mode_name``,
-``mode_options``, ``seed``, ``dtype``, ``git_commit`` (``git rev-parse
+``mode_options``, ``seed``, ``precision`` (its canonical name),
+``git_commit`` (``git rev-parse
 HEAD`` or null), ``status`` (``running`` / ``finished`` / ``diverged``),
 ``final_test_accuracy`` and ``best_test_accuracy`` (fractions in [0, 1];
 null when diverged), ``final_test_loss``, ``final_train_loss``,

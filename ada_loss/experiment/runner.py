@@ -40,8 +40,6 @@ import time
 
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
-from ada_loss.precision import parse_precision
-from ada_loss.scaling import parse_mode
 from ada_loss.training.distributed import create_communicator
 
 
@@ -80,7 +78,7 @@ class Study(object):
     def cell_config(cfg, cell, **run):
         """A run config made of the cell (``run``, with ``run`` extra keys)
         and every section of ``cfg`` but the grid."""
-        out = {'run': dict(cell._asdict(), **run)}
+        out = {'run': C.to_plain(dict(cell._asdict(), **run))}
         out.update((k, v) for k, v in C.to_dict(cfg).items() if k != 'grid')
         return out
 
@@ -123,11 +121,16 @@ class Study(object):
 
 # -- --only -------------------------------------------------------------------------
 def _normalize(key, value, example):
-    """A ``--only`` value as the cells hold it."""
-    if key == 'mode' or key.endswith('_mode'):
-        return str(parse_mode(value))
-    if key == 'precision':
-        return parse_precision(value).name
+    """A ``--only`` value as the cells hold it: parsed as the config parses
+    the cells' values (a mode, a precision: :func:`C.value_type_of`), or as
+    a bool, int or float like the cells' values."""
+    parsed = C.value_type_of(example)
+    if parsed is not None:
+        try:
+            return parsed.parse(value, key)
+        except C.ConfigError as e:
+            raise ValueError('bad --only {}={}: {}'.format(
+                key, value, str(e).split(': ', 1)[-1]))
     if isinstance(example, bool):
         if value.lower() in ('true', 'yes', '1'):
             return True
@@ -163,10 +166,8 @@ def parse_only(text, cells, aliases=None):
         if eq and key in fields:
             last = key
             filters.setdefault(key, []).append(value.strip())
-        elif last is not None and ('mode' in last or last == 'precision') \
-                and token.strip():
-            # the options of a mode or precision (adaptive:k=v,k=v,
-            # fp8:recipe=delayed,history=16)
+        elif last is not None and token.strip() and getattr(
+                C.value_type_of(getattr(cells[0], last)), 'commas', False):
             filters[last][-1] += ',' + token.strip()
         elif token.strip():
             raise ValueError('bad --only item {!r}: expected key=value with '

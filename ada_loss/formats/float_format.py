@@ -6,7 +6,7 @@ computed against a *format*, independently of the dtype arrays are stored in:
 running in float32 with the float16 format is what makes adaptive scaling
 testable bit for bit against plain backprop, and storing FP32 values rounded to
 a format (:meth:`FloatFormat.quantize`) is how formats without a NumPy dtype
-(bfloat16, FP8, any (exp, man) split as in APS, seed 004) are emulated.
+(bfloat16, FP8, any (exp, man) split as in APS, Han et al.) are emulated.
 
 Names accepted by :func:`get_format`. The canonical names are ml_dtypes'
 (the NumPy extension types of JAX/XLA), whose suffixes say what a format

@@ -35,7 +35,7 @@ class _GemmLink(object):
     scale_key = None
     #: (forward format, backward format) of an emulated precision, or None
     #: (float32, mixed16). Set by
-    #: :func:`ada_loss.training.precision.apply_precision`.
+    #: :func:`ada_loss.training.precision_setup.apply_precision`.
     gemm_formats = None
     #: the layer's :class:`ada_loss.formats.recipe.GemmScaling` under a
     #: scaled recipe (per-tensor FP8, MX), or None. Set by

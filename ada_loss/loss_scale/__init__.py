@@ -5,7 +5,8 @@ no Chainer, no SciPy (SciPy's erfinv is used when it is installed).
 * :mod:`~ada_loss.loss_scale.branch`: Algorithm 5 (rescaling at a fan-out).
 * :mod:`~ada_loss.loss_scale.dynamic`: backoff dynamic loss scaling
   (Kuchaiev et al., 2018), the baseline, as PyTorch, Chainer (the paper's)
-  and TensorFlow (seed 002) define it.
+  and TensorFlow (as Huawei's Ascend guide *Loss Scaling*
+  uses it) define it.
 """
 from ada_loss.loss_scale.gemm import (  # NOQA
     BOUNDS, erfinv, gemm_loss_scale, gemm_scale_bounds, grad_input_gain,

@@ -1,5 +1,5 @@
 """Max-based per-tensor scaling (Transformer Engine's delayed scaling, and the
-max-exponent shift of APS, seed 004) as a layer-wise loss scale.
+max-exponent shift of APS, Han et al.) as a layer-wise loss scale.
 
 For a GEMM whose input gradient gx (unscaled magnitude A = max|δx|) is to be
 stored in a format with largest value u_max, the scale that maps A just below

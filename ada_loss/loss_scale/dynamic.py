@@ -6,7 +6,7 @@ next step. They differ in the start and in how fast they move, which matters
 most in the first thousand steps (the paper's Table 3, batch 8):
 
 =========== ================================================================
-``pytorch`` PyTorch's ``torch.cuda.amp.GradScaler`` (seed 003), the default:
+``pytorch`` PyTorch's ``torch.cuda.amp.GradScaler``, the default:
             start at 2^16; ×``backoff_factor`` (0.5) on every overflowing
             step; ×``growth_factor`` (2) after ``growth_interval`` (2000)
             consecutive clean steps. The scale is a float32 value; a growth
@@ -16,8 +16,8 @@ most in the first thousand steps (the paper's Table 3, batch 8):
             every clean step until the first overflow ever, then
             ×2^(1/``interval``) per clean step; ×0.5 on overflow; clamped
             to [1, 65504] after every step (``Optimizer.update_loss_scale``).
-``tf``      TensorFlow's ``ExponentialUpdateLossScaleManager`` as seed 002
-            uses it (also the Ascend port): start at 2^32; ×``incr_ratio``
+``tf``      TensorFlow's ``ExponentialUpdateLossScaleManager`` as Huawei's
+            Ascend guide *Loss Scaling* uses it: start at 2^32; ×``incr_ratio``
             (2) after ``incr_every_n_steps`` (1000) consecutive clean steps;
             ×``decr_ratio`` (0.5; TF's own default is 0.8) once
             ``decr_every_n_nan_or_inf`` (2) overflowing steps have
@@ -227,7 +227,7 @@ class ChainerLossScale(_Style):
 
 class TFLossScale(_Style):
     """TensorFlow's ``ExponentialUpdateLossScaleManager`` (``style=tf``;
-    tf.contrib.mixed_precision, and the Ascend port of seed 002).
+    tf.contrib.mixed_precision, and its Ascend port in Huawei's guide *Loss Scaling*).
 
     ``update_loss_scale(finite_grads)``: on a clean step, if ``good_steps +
     1 >= incr_every_n_steps`` the scale becomes ``scale * incr_ratio`` if
@@ -240,10 +240,10 @@ class TFLossScale(_Style):
     Args:
         init_scale (float): TF's ``init_loss_scale`` (default 2^32, seed
             002's example; TF requires it).
-        incr_every_n_steps (int): default 1000 (seed 002; TF requires it).
-        decr_every_n_nan_or_inf (int): default 2 (TF's and seed 002's).
+        incr_every_n_steps (int): default 1000 (the Ascend guide's; TF requires it).
+        decr_every_n_nan_or_inf (int): default 2 (TF's and the Ascend guide's).
         incr_ratio (float): > 1 (default 2).
-        decr_ratio (float): in (0, 1) (default 0.5 as in seed 002; TF's
+        decr_ratio (float): in (0, 1) (default 0.5 as in the Ascend guide; TF's
             signature default is 0.8).
         min_scale (float): default 1 (TF's ``maximum(1., ...)``).
         max_scale (float or None): optional clamp (default None: float32's
@@ -304,7 +304,7 @@ def style_options(style):
 _SOURCES = {
     'pytorch': "PyTorch GradScaler (the default)",
     'chainer': "Chainer's optimizer.loss_scaling(), the paper's Dynamic",
-    'tf': "TensorFlow ExponentialUpdateLossScaleManager (seed 002)",
+    'tf': "TensorFlow ExponentialUpdateLossScaleManager (as in the Ascend guide)",
 }
 
 

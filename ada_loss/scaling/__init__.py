@@ -8,7 +8,7 @@
                    (GradScaler, default: ``init_scale``, ``growth_factor``,
                    ``backoff_factor``, ``growth_interval``), ``chainer``
                    (Chainer's, the paper's: ``interval``, ``init_scale``) or
-                   ``tf`` (seed 002: ``init_scale``, ``incr_every_n_steps``,
+                   ``tf`` (TensorFlow's: ``init_scale``, ``incr_every_n_steps``,
                    ``decr_every_n_nan_or_inf``, ``incr_ratio``,
                    ``decr_ratio``); all: ``min_scale``, ``max_scale``
 ``adaptive[:k=v]`` layer-wise adaptive scaling (this paper); keys

@@ -102,7 +102,7 @@ class DynamicScaling(LossScaling):
     * ``style=chainer``: Chainer's ``optimizer.loss_scaling()``, the paper's
       "Dynamic"; options ``interval`` (1000), ``init_scale`` (1),
       ``min_scale`` (1), ``max_scale`` (65504).
-    * ``style=tf``: ``ExponentialUpdateLossScaleManager`` (seed 002);
+    * ``style=tf``: ``ExponentialUpdateLossScaleManager`` (TensorFlow);
       options ``init_scale`` (2^32), ``incr_every_n_steps`` (1000),
       ``decr_every_n_nan_or_inf`` (2), ``incr_ratio`` (2), ``decr_ratio``
       (0.5), ``min_scale`` (1), ``max_scale`` (none).

@@ -22,6 +22,9 @@ class LossScalingSpec(collections.namedtuple('LossScalingSpec',
 
     __slots__ = ()
 
+    def __hash__(self):     # options is a dict: hash what equality compares
+        return hash((self.name, tuple(sorted(self.options))))
+
     def __str__(self):
         if self.name == 'fixed':
             return 'fixed:{:g}'.format(self.options['scale'])

@@ -3,13 +3,13 @@ import chainer
 import chainer.functions as F
 import numpy
 
-from ada_loss.training.precision import (
-    apply_precision, compute_dtype, dtype_config, parse_precision)
+from ada_loss.precision import compute_dtype, dtype_config, parse_precision
+from ada_loss.training.precision_setup import apply_precision
 
 
 class Classifier(chainer.Chain):
     """Like :class:`chainer.links.Classifier`, in any precision
-    (:mod:`ada_loss.training.precision`).
+    (:mod:`ada_loss.precision`).
 
     The input is cast to the compute dtype (FP16 in mixed16), the predictor
     runs under the precision's dtype config, and the logits are cast to FP32

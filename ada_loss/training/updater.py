@@ -13,7 +13,7 @@ from ada_loss.training.skips import SkipRecord, locate_nonfinite
 def _format_params(model):
     """ids of the parameters whose gradients are stored in an emulated
     format: those of GEMM links with a backward format (``gemm_formats``,
-    :func:`ada_loss.training.precision.apply_precision`). None if the model
+    :func:`ada_loss.training.apply_precision`). None if the model
     has no such link (then every gradient is taken to be in the format)."""
     ids = set()
     for link in model.links():
@@ -31,7 +31,7 @@ def _overflowed(param, fmt, in_format):
     xp = backend.get_array_module(g)
     if fmt is not None and fmt.saturates and (
             in_format is None or id(param) in in_format):
-        # An overflow saturates to +-u_max (seed 002's "saturation mode"),
+        # An overflow saturates to +-u_max (the Ascend guide's "saturation mode"),
         # so a value at u_max counts as one; NaN fails the comparison too.
         return not bool((xp.abs(g) < fmt.u_max).all())
     return not bool(xp.isfinite(g).all())

@@ -14,7 +14,8 @@ from ada_loss.training import Classifier, dtype_config
 from ada_loss.training.updater import all_grads_finite
 
 from ada_test_helpers import is_pow2
-from gpu_helpers import requires_gpu, to_cpu
+from gpu_helpers import (
+    count_synchronizations, requires_gpu, to_cpu, waits_for_device)
 from test_ada_exactness import (
     MLP, MultiHeadNet, ResBlockNet, _mlp_loss, _multihead_loss)
 
@@ -130,7 +131,6 @@ def test_backward_makes_no_host_synchronization(precision, interval):
     waiting for the device once. The finite check after it is the step's
     one synchronization."""
     import cupy
-    from ada_loss.loss_scale import device     # needs CuPy
     np.random.seed(0)
     with dtype_config(precision):
         model = Classifier(build_model('resnet20', 10), precision)
@@ -148,9 +148,9 @@ def test_backward_makes_no_host_synchronization(precision, interval):
 
     with chainer.using_config('train', True):
         one_backward()()            # compiles the kernels, fills the pool
-        assert not device.waits_for_device(one_backward())
-        assert device.count_synchronizations(one_backward()) == 0
+        assert not waits_for_device(one_backward())
+        assert count_synchronizations(one_backward()) == 0
     scales = ada.loss_scales()
     assert len(scales) == 20 and all(is_pow2(v) for v in scales.values())
-    assert device.count_synchronizations(
+    assert count_synchronizations(
         lambda: all_grads_finite(model)) == 1

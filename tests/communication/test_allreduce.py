@@ -1,4 +1,4 @@
-"""APS (Algorithm 1, seed 004) and the CPD-style low-precision sums, NumPy
+"""APS (Algorithm 1, Han et al.) and the CPD-style low-precision sums, NumPy
 only: exactness in FP32, no overflow by construction, the ring and
 hierarchical orders, Kahan, Eq. 5, the cost model and bad input."""
 import numpy

@@ -61,15 +61,15 @@ def test_build_ssd512_mixed16():
 def _one_iteration(model_name, mode, voc_root, batch_size=1, seed=0):
     random.seed(seed)
     numpy.random.seed(seed)
-    dtype = resolve_precision(mode)
-    model = build_ssd(model_name, 20, dtype)
+    precision = resolve_precision(mode)
+    model = build_ssd(model_name, 20, precision)
     chain = MultiboxTrainChain(model)
     train = chainer.datasets.TransformDataset(
         get_voc_detection_train(voc_root),
         SSDTrainTransform(model.coder, model.insize, model.mean,
                           photometric=False))
     iterator = chainer.iterators.SerialIterator(train, batch_size)
-    optimizer = setup_ssd_optimizer(chain, dtype=dtype)
+    optimizer = setup_ssd_optimizer(chain, precision=precision)
     scaling = make_loss_scaling(mode)
     if mode.startswith('adaptive'):
         scaling.bind = lambda m, s=scaling: type(s).bind(s, m, verbose=False)

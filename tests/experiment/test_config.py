@@ -3,12 +3,15 @@ key, before anything runs."""
 import os
 
 import pytest
+import yaml
 
 from functools import partial
 
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runner
 from ada_loss.experiment.studies.classification import STUDY, Config, run_name
+from ada_loss.precision import Precision
+from ada_loss.scaling import parse_mode
 
 main = partial(runner.main, STUDY)
 
@@ -80,7 +83,11 @@ def test_overrides_are_yaml_values():
     assert cfg.train.lr == 0.05
     assert cfg.grid.seeds == [0, 1]
     assert cfg.train.weight_decay == 1e-4
-    assert cfg.grid.modes == ['fp32', 'fixed:128', 'adaptive:t_uf=0.01']
+    # modes are parsed once, here: the studies get LossScalingSpecs
+    assert cfg.grid.modes == [parse_mode('fp32'), parse_mode('fixed:128'),
+                              parse_mode('adaptive:t_uf=0.01')]
+    assert [str(m) for m in cfg.grid.modes] == ['fp32', 'fixed:128',
+                                                'adaptive:t_uf=0.01']
     assert cfg.log.eval_interval == [5, 'iteration']
     r110 = cfg.for_model('resnet110')
     assert r110.train.warmup_iterations == 400
@@ -111,10 +118,10 @@ def test_extends_and_shipped_configs():
     # Table 4 extends Table 1: same recipe, scales 1 .. 16384
     assert len(STUDY.cells(table4)) == 2 * 1 * 7 * 4
     assert table4.train == table1.train
-    assert table4.modes()[0] == 'fixed:1'
+    assert str(table4.modes()[0]) == 'fixed:1'
     cells = STUDY.cells(mini)
     assert len(cells) == 14 and {c.seed for c in cells} == {0, 1}
-    assert sum(c.mode.startswith('fixed') for c in cells) == 6
+    assert sum(c.mode.name == 'fixed' for c in cells) == 6
 
 
 def test_grid_order_and_only_filter():
@@ -122,12 +129,22 @@ def test_grid_order_and_only_filter():
                      'modes': ['adaptive', 'fp32', 'dynamic', 'none'],
                      'fixed_scales': [1024, 16], 'seeds': [0, 1]})
     cells = STUDY.cells(cfg)
-    assert [c.mode for c in cells[:6]] == [
+    assert [str(c.mode) for c in cells[:6]] == [
         'fp32', 'none', 'fixed:16', 'fixed:1024', 'dynamic', 'adaptive']
     assert run_name(cells[2]) == 'small_cnn-digits-fixed_16-s0'
     sel = runner.select(cells, ['mode=adaptive|fixed:16,seed=1'])
-    assert [(c.mode, c.seed) for c in sel] == [('fixed:16', 1),
-                                               ('adaptive', 1)]
+    assert [(str(c.mode), c.seed) for c in sel] == [('fixed:16', 1),
+                                                    ('adaptive', 1)]
+    # a mode's options contain commas; values are parsed as the config does
+    cfg = load(grid={'models': ['small_cnn'], 'datasets': ['digits'],
+                     'modes': ['adaptive:update_interval=10,t_uf=0.001',
+                               'adaptive'], 'seeds': [0]})
+    sel = runner.select(STUDY.cells(cfg), [
+        'mode=adaptive:t_uf=1e-3,update_interval=10,seed=0'])
+    assert [str(c.mode) for c in sel] == [
+        'adaptive:t_uf=0.001,update_interval=10']
+    with pytest.raises(ValueError, match='bad --only mode=fixed:0'):
+        runner.select(STUDY.cells(cfg), ['mode=fixed:0'])
     with pytest.raises(ValueError, match='matches no run'):
         runner.select(cells, ['model=resnet20'])
     with pytest.raises(ValueError, match='bad --only'):
@@ -178,3 +195,26 @@ def test_bad_precision_in_config_fails_before_running():
     with pytest.raises(C.ConfigError, match='largest value 448'):
         load(grid={'modes': ['fixed:1024']},
              train={'precision': 'fp8_e4m3'})
+
+
+def test_modes_and_precisions_are_parsed_once_and_written_as_text():
+    """Config values of the types Mode and PrecisionName are parsed objects
+    (defaults included); config.yaml and run names hold their text."""
+    cfg = load(train={'precision': 'FP8'},
+               grid={'precisions': ['bf16', 'fwd=float16,bwd=e4m3'],
+                     'modes': ['adaptive:t_uf=1e-3']})
+    assert isinstance(cfg.train.precision, Precision)
+    assert cfg.train.precision.bwd.name == 'fp8_e5m2'
+    assert [p.name for p in cfg.grid.precisions] == [
+        'bf16', 'fwd=float16,bwd=e4m3']
+    assert cfg.grid.modes[0].options == {'t_uf': 0.001}
+    assert load().grid.modes[0] == parse_mode('fp32')     # a default
+    plain = C.to_dict(cfg)
+    assert plain['train']['precision'] == 'fp8'
+    assert plain['grid']['precisions'] == ['bf16', 'fwd=float16,bwd=e4m3']
+    assert plain['grid']['modes'] == ['adaptive:t_uf=0.001']
+    assert C.load(Config, raw=yaml.safe_load(C.dump(cfg))) == cfg
+    cell = STUDY.cells(cfg)[0]
+    assert STUDY.run_config(cfg, cell)['run'] == {
+        'model': 'resnet20', 'dataset': 'cifar10',
+        'mode': 'adaptive:t_uf=0.001', 'seed': 0, 'precision': 'bf16'}

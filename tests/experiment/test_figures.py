@@ -11,6 +11,7 @@ import pytest
 from ada_loss.analysis.recorder import load_csv
 from ada_loss.experiment.studies.figures import load_config
 from ada_loss.experiment.config import ConfigError
+from ada_loss.scaling import parse_mode
 from ada_loss.training.faults import ENV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -27,7 +28,7 @@ def test_shipped_profiles_validate():
 
 def test_set_wins_over_the_profile_and_selects_it():
     cfg = load_config(CONFIG, ['iterations=5', 'modes={a: "fixed:8"}'])
-    assert cfg.iterations == 5 and cfg.modes == {'a': 'fixed:8'}
+    assert cfg.iterations == 5 and cfg.modes == {'a': parse_mode('fixed:8')}
     assert cfg.model == 'plain_cnn'          # the file's profile: digits
     cfg = load_config(CONFIG, ['profile=ssd512_voc', 'batch_size=2'])
     assert cfg.model == 'ssd512' and cfg.batch_size == 2
@@ -147,3 +148,30 @@ def test_detection_profile_runs_on_the_trainer(voc_root, tmp_path):
         rows = load_csv(str(out / run / 'records.csv'))
         assert sorted({r['iteration'] for r in rows}) == [1, 2], run
     assert (out / 'fig4b.png').exists() and (out / 'fig1.png').exists()
+
+
+def test_figure_runs_take_a_precision(tmp_path):
+    """``precision`` sets the precision of every run (fp32 only runs in
+    float32: a ConfigError otherwise, before anything runs)."""
+    from ada_loss.experiment import runner
+    from ada_loss.experiment.studies import figures
+    config = tmp_path / 'figures.yaml'
+    config.write_text(
+        'profile: tiny\nprofiles:\n  tiny:\n    model: plain_cnn\n'
+        '    model_kwargs: {in_channels: 1, depth: 3, width: 4}\n'
+        '    image_size: 8\n    batch_size: 8\n    iterations: 2\n'
+        '    record_every: 1\n')
+    root = str(tmp_path / 'out')
+    argv = ['--config', str(config), '--out', root, '--set',
+            'precision=bf16']
+    assert runner.main(figures.STUDY, argv) == 2        # fig1 is fp32
+    assert not os.path.exists(root)
+    assert runner.main(figures.STUDY, argv + [
+        '--set', 'modes={fixed: "fixed:128", adaptive: adaptive}']) == 0
+    out = os.path.join(root, 'figures', 'tiny')
+    summary = json.loads(open(os.path.join(out, 'summary.json')).read())
+    for run in ('fixed', 'adaptive'):
+        assert summary['runs'][run]['precision'] == 'bf16'
+        rows = load_csv(os.path.join(out, run, 'records.csv'))
+        # emulated bf16 keeps float32 arrays (mixed16 would record float16)
+        assert rows and {r['dtype'] for r in rows} == {'float32'}

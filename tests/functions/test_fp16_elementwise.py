@@ -36,7 +36,7 @@ from ada_loss.functions.batch_normalization import (
     Float16BatchNormalizationImpl)
 from ada_loss.functions.fp16_elementwise import fp16_elementwise_mode
 from ada_loss.functions.relu import ReLU, ReLUGrad
-from ada_loss.training.precision import apply_precision
+from ada_loss.training.precision_setup import apply_precision
 
 F16, F32, U16 = numpy.float16, numpy.float32, numpy.uint16
 ALL16 = numpy.arange(1 << 16, dtype=U16).view(F16)

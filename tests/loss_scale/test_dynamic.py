@@ -67,7 +67,7 @@ def test_pytorch_float32_scale():
     assert run(low, [O] * 10)[-1] == 0.0   # float32 underflow, as PyTorch
 
 
-# ------------------------------------------------ TensorFlow / seed 002
+# ------------------------------------------------ TensorFlow / the Ascend guide
 
 def test_tf_defaults_are_seed_002s():
     s = make_dynamic_loss_scale('tf')

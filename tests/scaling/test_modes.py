@@ -11,7 +11,7 @@ import ada_loss
 from ada_loss.scaling import (
     AdaptiveScaling, DynamicScaling, FixedScaling, MODES, NoScaling,
     LossScalingSpec, make_loss_scaling, parse_mode, resolve_precision)
-from ada_loss.training.precision import PRECISIONS, parse_precision
+from ada_loss.precision import PRECISIONS, parse_precision
 
 import substrate_helpers as H
 

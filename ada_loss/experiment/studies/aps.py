@@ -1,4 +1,5 @@
-"""The APS measurements (seed 004) as studies on the one run path.
+"""The APS measurements (Han et al., *Auto-Precision Scaling for Distributed
+Deep Learning*) as studies on the one run path.
 
 * Table 4 analogue (§4.1, :class:`Table4Study`, ``experiments/aps_table4.py``):
   test accuracy with FP32 vs (5, 2), (4, 3), (3, 0) gradient communication,
@@ -28,7 +29,6 @@ from typing import List, Literal, Optional
 
 import chainer
 import numpy
-from chainer import training
 
 from ada_loss.communication.allreduce import allreduce_low_precision
 from ada_loss.communication.cost import cost_rows
@@ -40,14 +40,13 @@ from ada_loss.communication.summation import ORDERS
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
-from ada_loss.experiment import trainer as TR
+from ada_loss.experiment import recipe as RC
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.data import dataset_info, load_datasets
 from ada_loss.experiment.models import build
 from ada_loss.experiment.runner import Study
 from ada_loss.formats import get_format
 from ada_loss.errors import NonFiniteGradientError
-from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt
@@ -142,9 +141,9 @@ def mean_std(values):
 def compute_run(folder, fields, config_text, compute):
     """A run that computes rather than trains: ``compute()`` -> dict of
     results, stored in ``run.json`` with status finished."""
-    info, _ = TR.open_run(folder, fields, '', config_text)
+    info, _ = RC.open_run(folder, fields, '', config_text)
     info.update(compute())
-    info.update(status=R.FINISHED, updated=TR.now())
+    info.update(status=R.FINISHED, updated=RC.now())
     R.write_run(folder, info)
     return info
 
@@ -165,8 +164,7 @@ class Table4Grid:
 class Table4Train:
     mode: C.Mode = setting('fp32', 'loss-scaling mode (gradients arrive '
                            'scaled; fp32 = no scaling)')
-    precision: Optional[C.Precision] = setting(
-        None, 'compute precision (null: float32 for fp32, mixed16 else)')
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     batchsize: int = setting(256, 'global batch (workers x per-worker)',
                              minimum=1)
     epochs: float = setting(12, 'epochs', positive=True)
@@ -191,14 +189,14 @@ TABLE4_PLOTS = [('Loss', ['shard_loss']),
 
 
 @dataclasses.dataclass
-class Table4Log(TR.Log):
+class Table4Log(RC.Log):
     """Table 4 runs many cells at once: quiet, no PNGs, one test at the
     end."""
-    eval_interval: C.Interval = TR.log_setting('eval_interval',
+    eval_interval: C.Interval = RC.log_setting('eval_interval',
                                                [1000000, 'epoch'])
-    progress: Literal['report', 'bar', 'both', 'none'] = TR.log_setting(
+    progress: Literal['report', 'bar', 'both', 'none'] = RC.log_setting(
         'progress', 'none')
-    plot: bool = TR.log_setting('plot', False)
+    plot: bool = RC.log_setting('plot', False)
 
 
 @dataclasses.dataclass
@@ -223,8 +221,8 @@ class Table4Config:
                 'train.batchsize', 'global batch {} cannot be split into {} '
                 'equal shards (sim.workers); use a multiple of it'.format(
                     self.train.batchsize, self.sim.workers))
-        _policy_error('train.mode', lambda: make_loss_scaling(
-            self.train.mode, self.precision()))
+        RC.check_modes_build([('train.mode', self.train.mode)],
+                             [self.train.precision])
         for key in ('probe_every', 'record_every'):
             if getattr(self.log, key) is not None:
                 raise C.ConfigError(
@@ -232,7 +230,8 @@ class Table4Config:
                     'step runs one backward pass per worker); expected null')
 
     def precision(self):
-        return resolve_precision(self.train.mode, self.train.precision)
+        """The :class:`~ada_loss.precision.Precision` of the runs."""
+        return RC.run_precision(self.train.mode, self.train.precision)
 
 
 class WarmupFromTenthLR(AE.StepLearningRate):
@@ -271,10 +270,13 @@ class StopWhenNonFinite(chainer.training.Extension):
 APSCell = collections.namedtuple('APSCell', ('format', 'aps', 'seed'))
 
 
-class Table4Study(Study):
+class Table4Study(RC.TrainingStudy):
     """Accuracy with low-precision gradient communication, ± APS."""
     Config = Table4Config
     Cell = APSCell
+    print_keys = TABLE4_PRINT_KEYS
+    plots = TABLE4_PLOTS
+    history = ['validation/main/accuracy']
 
     def cells(self, cfg):
         return [APSCell(fmt, aps, seed) for fmt in cfg.grid.formats
@@ -295,59 +297,65 @@ class Table4Study(Study):
     def preload(self, cfg, cells):
         return load_data(cfg.data) if cells else None
 
-    def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
-        """Trains one (format, APS, seed) with the N-worker simulator."""
-        train_cfg, sim = cfg.train, cfg.sim
-        train, test, info_ds = cache or load_data(cfg.data)
-        precision = cfg.precision()
-        policy = sim.policy(cell.format, cell.aps)
-        spec = parse_mode(train_cfg.mode)
-        folder = self.folder(out, cfg, cell)
-        info, resuming = TR.open_run(folder, [
-            ('name', self.run_name(cfg, cell)), ('table', cfg.table),
-            ('format', get_format(cell.format).name), ('aps', cell.aps),
-            ('seed', cell.seed), ('workers', sim.workers),
-            ('policy', policy.describe()), ('mode', str(spec)),
-            ('mode_name', spec.name), ('precision', precision)],
-            cfg.description, C.dump(self.run_config(cfg, cell)), resume)
-        model = make_model(cfg.model, info_ds, precision, cell.seed)
-        optimizer = TR.build_optimizer(model, precision, train_cfg.lr,
-                                       train_cfg.momentum,
-                                       train_cfg.weight_decay)
-        numpy.random.seed(cell.seed)
-        train_iter = TR.make_iterator(train, train_cfg.batchsize)
-        test_iter = TR.make_iterator(test, train_cfg.eval_batchsize,
-                                     repeat=False, shuffle=False)
-        scaling = make_loss_scaling(train_cfg.mode, precision)
+    # -- the recipe's hooks (ada_loss.experiment.recipe): a run trains with
+    # the N-worker simulator
+    def setup(self, cfg, cell, comm=None):
+        return RC.Run(cfg=cfg, cell=cell, config=cfg, mode=cfg.train.mode,
+                      precision=cfg.precision(), seed=cell.seed, log=cfg.log,
+                      policy=cfg.sim.policy(cell.format, cell.aps))
+
+    def run_fields(self, run):
+        cell = run.cell
+        return [('name', self.run_name(run.cfg, cell)),
+                ('table', run.cfg.table),
+                ('format', get_format(cell.format).name), ('aps', cell.aps),
+                ('seed', cell.seed), ('workers', run.cfg.sim.workers),
+                ('policy', run.policy.describe()), ('mode', str(run.mode)),
+                ('mode_name', run.mode.name),
+                ('precision', str(run.precision))]
+
+    def seed(self, run):
+        pass        # make_model seeds NumPy's stream (Python's is not used)
+
+    def load_data(self, run, cache):
+        return cache or load_data(run.cfg.data)
+
+    def model(self, run, data):
+        return make_model(run.cfg.model, data[2], run.precision, run.seed)
+
+    def datasets(self, run, data, model):
+        return data[0], data[1]
+
+    def iterators(self, run, train, test, batchsize):
+        numpy.random.seed(run.seed)     # the data order
+        return super(Table4Study, self).iterators(run, train, test,
+                                                  batchsize)
+
+    def updater(self, run, train_iter, optimizer, scaling):
         with contextlib.redirect_stdout(io.StringIO()):  # layer list
-            updater = SimulatedDataParallelUpdater(
-                train_iter, optimizer, scaling, sim.workers, policy,
-                mode=str(spec))
-        stop = StopAt(epochs=train_cfg.epochs)
-        trainer = training.Trainer(updater, stop, out=folder)
-        TR.extend_trainer(
-            trainer, stop, cfg.log, TR.evaluator(test_iter, model),
-            WarmupFromTenthLR(train_cfg.lr, train_cfg.lr_steps,
-                              train_cfg.lr_decay, train_cfg.warmup_epochs,
-                              optimizer=optimizer),
-            optimizer, scaling, resuming,
-            history=['validation/main/accuracy'],
-            print_keys=TABLE4_PRINT_KEYS, plots=TABLE4_PLOTS)
+            return SimulatedDataParallelUpdater(
+                train_iter, optimizer, scaling, run.cfg.sim.workers,
+                run.policy, mode=str(run.mode))
+
+    def stop(self, run):
+        return StopAt(epochs=run.cfg.train.epochs)
+
+    def lr_schedule(self, run, optimizer):
+        t = run.cfg.train
+        return WarmupFromTenthLR(t.lr, t.lr_steps, t.lr_decay,
+                                 t.warmup_epochs, optimizer=optimizer)
+
+    def extend(self, run, trainer):
         trainer.extend(StopWhenNonFinite())
 
-        def finalize(info, error):
-            tests = trainer.get_extension('TestHistory')
-            loss = getattr(updater, 'last_loss', None)
-            if error is None and not TR.finite(loss):
-                error = 'non-finite loss at the end ({})'.format(loss)
-            TR.summarize(info, trainer, updater, scaling, error,
-                         lambda diverged: [
-                             ('final_test_accuracy', None if diverged else
-                              tests.last('validation/main/accuracy')),
-                             ('final_train_loss', loss)])
+    def final_values(self, run, trainer, updater):
+        return [(None, getattr(updater, 'last_loss', None))]
 
-        return TR.run_trainer(trainer, updater, info, folder, finalize,
-                              cfg.log, threads=cfg.blas_threads)
+    def metrics(self, run, trainer, updater, diverged):
+        tests = trainer.get_extension('TestHistory')
+        return [('final_test_accuracy', None if diverged else
+                 tests.last('validation/main/accuracy')),
+                ('final_train_loss', getattr(updater, 'last_loss', None))]
 
     def write_tables(self, cfg, out, quiet=False):
         folder = os.path.join(out, cfg.table)

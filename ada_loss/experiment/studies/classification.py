@@ -8,12 +8,13 @@ the config sweeps ``grid.precisions``) with run name
 ``<model>-<dataset>-<mode>-s<seed>``, the mode's ``:`` and ``,`` made ``_``
 (``fixed:128`` -> ``fixed_128``).
 
-One run (:meth:`ClassificationStudy.run`) builds the model in the run's
-precision (float32 for ``fp32``, mixed16 unless given otherwise), MomentumSGD
+One run (the recipe of :class:`ada_loss.experiment.recipe.TrainingStudy`,
+with this study's hooks) builds the model in the run's precision (float32
+for ``fp32``, mixed16 unless given otherwise), MomentumSGD
 with FP32 master weights and a per-parameter weight-decay hook (it runs
 inside the update rule, after the gradient is unscaled in FP32), the
 loss-scaling method of the mode, and Chainer's Trainer with the extensions of
-:func:`ada_loss.experiment.trainer.extend_trainer` (evaluator,
+:func:`ada_loss.experiment.recipe.extend_trainer` (evaluator,
 StepLearningRate, LogReport + ``log.csv``, PrintReport / ProgressBar,
 PlotReport ``loss.png`` / ``accuracy.png``, the snapshot and, for the
 layer-wise modes, ``loss_scales.csv``). A run whose gradients overflow in a
@@ -28,52 +29,22 @@ and 122 of 164, weight decay 1e-4; ResNet-110 warms up at lr 0.01 for about
 import collections
 import dataclasses
 import os
-import random
 from typing import List, Literal, Optional
-
-import numpy
-from chainer import training
 
 from ada_loss.communication.policy import CommPolicy
 from ada_loss.communication.summation import ORDERS
 from ada_loss.experiment import config as C
 from ada_loss.experiment import tables
-from ada_loss.experiment import trainer as TR
+from ada_loss.experiment import recipe as RC
 from ada_loss.experiment.config import setting, section
 from ada_loss.experiment.data import DATASETS, dataset_info, load_datasets
 from ada_loss.experiment.models import MODEL_HELP, build
-from ada_loss.experiment.runner import Study
+from ada_loss.experiment.modes import grid_modes, mode_slug, mode_sort_key
 from ada_loss.loss_scale.dynamic import describe_styles
-from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
+from ada_loss.scaling import resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
 from ada_loss.precision import PRECISION_HELP
-from ada_loss.training.triggers import StopAt
-
-#: column order of the paper's Table 1
-MODE_ORDER = ('fp32', 'none', 'fixed', 'dynamic', 'adaptive', 'amax')
-
-
-def mode_sort_key(mode):
-    spec = parse_mode(mode)
-    return (MODE_ORDER.index(spec.name), spec.options.get('scale', 0.0),
-            str(spec))
-
-
-def grid_modes(modes, fixed_scales):
-    """``modes`` then ``fixed:S`` for each scale S not among them."""
-    out = list(modes)
-    for scale in fixed_scales:
-        mode = str(parse_mode('fixed:{!r}'.format(scale)))
-        if mode not in out:
-            out.append(mode)
-    return out
-
-
-def mode_slug(mode):
-    """A mode as a folder-name part (``fixed:128`` -> ``fixed_128``)."""
-    return str(parse_mode(mode)).replace(':', '_').replace(',', '_')
-
 
 # -- the config ----------------------------------------------------------------------
 @dataclasses.dataclass
@@ -89,7 +60,7 @@ class Grid:
     fixed_scales: List[C.FixedScale] = setting(
         [], 'fixed loss scales S, run as modes fixed:S', nonempty=False)
     seeds: List[int] = setting([0], 'random seeds (one run each)', minimum=0)
-    precisions: List[C.Precision] = setting(
+    precisions: List[C.PrecisionName] = setting(
         [], 'precisions to sweep, each into <out>/<table>/<precision>/ (the '
         'precision table); empty: train.precision only', nonempty=False)
 
@@ -127,10 +98,7 @@ class Data:
 class Train:
     renamed = {'dtype': 'precision'}
 
-    precision: Optional[C.Precision] = setting(
-        None, 'which format stores what: float32, mixed16, bf16, fp8 (E4M3 '
-        'forward, E5M2 gradients), fp8_e4m3, fp8_e5m2, or fwd=<format>,'
-        'bwd=<format> (null: float32 for fp32, mixed16 for every other mode)')
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     batchsize: int = setting(128, 'minibatch size (global, all ranks)',
                              minimum=1)
     lr: float = setting(0.1, 'initial learning rate', positive=True)
@@ -158,7 +126,7 @@ class Train:
 @dataclasses.dataclass
 class Comm:
     """Low-precision gradient communication of a data-parallel run (APS,
-    seed 004; :mod:`ada_loss.communication`)."""
+    Han et al.; :mod:`ada_loss.communication`)."""
     format: Optional[C.FormatName] = setting(
         None, 'gradient format of the all-reduce, e.g. e4m3, e5m2, '
         'fp4_e2m1 (null: ChainerMN\'s FP32 averaging); needs --mpi')
@@ -189,7 +157,7 @@ class Comm:
 
 #: Sections that ``per_model.<model>`` may override for one model.
 PER_MODEL_SECTIONS = {'model': Model, 'data': Data, 'train': Train,
-                      'log': TR.Log}
+                      'log': RC.Log}
 
 
 class PerModel(object):
@@ -240,7 +208,7 @@ class Config:
     model: Model = section(Model)
     data: Data = section(Data)
     train: Train = section(Train)
-    log: TR.Log = section(TR.Log)
+    log: RC.Log = section(RC.Log)
     comm: Comm = section(Comm)
     per_model: PerModel = setting({}, 'per-model overrides of the sections '
                                   + ', '.join(PER_MODEL_SECTIONS))
@@ -277,15 +245,10 @@ class Config:
         for partial in self.per_model.values():
             if 'precision' in partial.get('train', {}):
                 precisions.add(partial['train']['precision'])
-        for i, mode in enumerate(self.modes()):
-            key = 'grid.modes' if i < len(self.grid.modes) \
-                else 'grid.fixed_scales'
-            try:
-                for precision in precisions:
-                    make_loss_scaling(mode, resolve_precision(mode,
-                                                              precision))
-            except ValueError as e:
-                raise C.ConfigError(key, 'mode {}: {}'.format(mode, e))
+        RC.check_modes_build(
+            [('grid.modes' if i < len(self.grid.modes)
+              else 'grid.fixed_scales', mode)
+             for i, mode in enumerate(self.modes())], precisions)
 
 
 HELP_NOTES = ['', 'dynamic loss scaling styles (grid.modes '
@@ -311,11 +274,14 @@ def run_name(cell):
                                  mode_slug(cell.mode), cell.seed)
 
 
-class ClassificationStudy(Study):
+class ClassificationStudy(RC.TrainingStudy):
     """Tables 1 and 4, the mini reproduction, the precision table."""
     Config = Config
     Cell = Cell
     help_notes = HELP_NOTES
+    print_keys = PRINT_KEYS
+    plots = PLOTS
+    history = ['validation/main/accuracy', 'validation/main/loss']
 
     def cells(self, cfg):
         """Seed-major (a partial grid already holds complete rows), then
@@ -330,7 +296,7 @@ class ClassificationStudy(Study):
         return run_name(cell)
 
     def folder(self, out, cfg, cell):
-        parts = [out, cfg.table] + ([cell.precision] if cell.precision
+        parts = [out, cfg.table] + ([str(cell.precision)] if cell.precision
                                     else []) + [run_name(cell)]
         return os.path.join(*parts)
 
@@ -340,11 +306,11 @@ class ClassificationStudy(Study):
         precision = resolve_precision(cell.mode, cell.precision or
                                       c.train.precision)
         out = {'run': {'model': cell.model, 'dataset': cell.dataset,
-                       'mode': cell.mode, 'seed': cell.seed,
+                       'mode': str(cell.mode), 'seed': cell.seed,
                        'precision': precision}}
         d = C.to_dict(c)
         if cell.precision:    # the sweep's run: as its own config says
-            d['train']['precision'] = cell.precision
+            d['train']['precision'] = str(cell.precision)
             d['table'] = '{}/{}'.format(cfg.table, cell.precision)
             d['layout'] = 'precision'
         out.update((k, v) for k, v in d.items()
@@ -372,8 +338,8 @@ class ClassificationStudy(Study):
                 cache[key] = load_datasets(cell.dataset, data)
         return cache
 
-    def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
-        """Trains one cell; returns its ``run.json`` dict."""
+    # -- the recipe's hooks (ada_loss.experiment.recipe) ----------------------------
+    def setup(self, cfg, cell, comm=None):
         c = cfg.for_model(cell.model)
         policy = c.comm.policy() if comm is not None else None
         if policy is not None:
@@ -381,88 +347,79 @@ class ClassificationStudy(Study):
                 policy.check(comm.size)
             except ValueError as e:
                 raise C.ConfigError('comm.group_size', str(e))
-        rcfg = self.run_config(cfg, cell)
-        precision = rcfg['run']['precision']
-        train_cfg, mcfg = c.train, c.model
-        spec = parse_mode(cell.mode)
-        folder = self.folder(out, cfg, cell)
-        info, resuming = TR.open_run(folder, [
-            ('name', run_name(cell)), ('table', rcfg['table']),
-            ('model', cell.model), ('dataset', cell.dataset),
-            ('mode', str(spec)), ('mode_name', spec.name),
-            ('mode_options', spec.options), ('seed', cell.seed),
-            ('precision', precision)], cfg.description, C.dump(rcfg),
-            resume, comm)
-        if comm is not None:
-            comm.mpi_comm.Barrier()
+        return RC.Run(cfg=cfg, cell=cell, config=c, mode=cell.mode,
+                      precision=RC.run_precision(cell.mode, cell.precision or
+                                                 c.train.precision),
+                      seed=cell.seed, log=c.log, policy=policy,
+                      table=self.run_config(cfg, cell)['table'])
 
-        random.seed(cell.seed)
-        numpy.random.seed(cell.seed)
-        key = (cell.dataset, repr(c.data))
-        train, test = (cache or {}).get(key) or load_datasets(cell.dataset,
-                                                              c.data)
-        num_classes, in_channels = dataset_info(cell.dataset)
-        with dtype_config(precision):
-            model = Classifier(build(
-                cell.model, num_classes, mcfg.in_channels or in_channels,
-                mcfg.width, mcfg.shortcut), precision)
-        optimizer = TR.build_optimizer(model, precision, train_cfg.lr,
-                                       train_cfg.momentum,
-                                       train_cfg.weight_decay, comm, policy,
-                                       c.comm.wire)
-        train, test, batchsize = TR.scatter(train, test, train_cfg.batchsize,
-                                            comm, cell.seed,
-                                            'train.batchsize')
-        train_iter = TR.make_iterator(train, batchsize)
-        test_iter = TR.make_iterator(test, train_cfg.eval_batchsize,
-                                     repeat=False, shuffle=False)
+    def run_fields(self, run):
+        cell = run.cell
+        return [('name', run_name(cell)), ('table', run.table),
+                ('model', cell.model), ('dataset', cell.dataset)] + \
+            RC.mode_fields(run.mode) + [('seed', cell.seed),
+                                        ('precision', str(run.precision))]
 
-        scaling = TR.make_scaling(cell.mode, precision, c.log, comm)
-        updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm,
-                                  os.path.join(folder, 'scaling.txt'),
-                                  aps=policy is not None)
-        stop = StopAt(epochs=train_cfg.epochs,
-                      iterations=train_cfg.max_iterations)
-        trainer = training.Trainer(updater, stop, out=folder)
-        TR.extend_trainer(
-            trainer, stop, c.log, TR.evaluator(test_iter, model, comm),
-            AE.StepLearningRate(
-                train_cfg.lr, train_cfg.lr_steps, train_cfg.lr_decay,
-                train_cfg.warmup_iterations, train_cfg.warmup_lr,
-                optimizer=optimizer),
-            optimizer, scaling, resuming, comm,
-            history=['validation/main/accuracy', 'validation/main/loss'],
-            print_keys=PRINT_KEYS, plots=PLOTS)
+    def load_data(self, run, cache):
+        key = (run.cell.dataset, repr(run.config.data))
+        return (cache or {}).get(key) or load_datasets(run.cell.dataset,
+                                                       run.config.data)
 
-        return TR.run_trainer(
-            trainer, updater, info, folder, lambda info, error: _summarize(
-                info, trainer, updater, scaling, error), c.log, comm,
-            threads=cfg.blas_threads)
+    def model(self, run, data):
+        m = run.config.model
+        num_classes, in_channels = dataset_info(run.cell.dataset)
+        with dtype_config(run.precision):
+            return Classifier(build(
+                run.cell.model, num_classes, m.in_channels or in_channels,
+                m.width, m.shortcut), run.precision)
+
+    def optimizer(self, run, model):
+        t = run.config.train
+        return RC.build_optimizer(model, run.precision, t.lr, t.momentum,
+                                  t.weight_decay, run.comm, run.policy,
+                                  run.config.comm.wire)
+
+    batchsize_key = 'train.batchsize'
+
+    def updater(self, run, train_iter, optimizer, scaling):
+        return RC.make_updater(train_iter, optimizer, scaling, run.mode,
+                               run.comm, os.path.join(run.folder,
+                                                      'scaling.txt'),
+                               aps=run.policy is not None)
+
+    def lr_schedule(self, run, optimizer):
+        t = run.config.train
+        return AE.StepLearningRate(t.lr, t.lr_steps, t.lr_decay,
+                                   t.warmup_iterations, t.warmup_lr,
+                                   optimizer=optimizer)
+
+    def final_values(self, run, trainer, updater):
+        return [('train', RC.last(trainer.get_extension('LogReport').log,
+                                  'main/loss')),
+                ('test', trainer.get_extension('TestHistory').last(
+                    'validation/main/loss'))]
+
+    def metrics(self, run, trainer, updater, diverged):
+        tests = trainer.get_extension('TestHistory')
+        acc_key = 'validation/main/accuracy'
+        (_, train_loss), (_, test_loss) = self.final_values(run, trainer,
+                                                            updater)
+        return [('final_test_accuracy', None if diverged
+                 else tests.last(acc_key)),
+                ('best_test_accuracy', None if diverged
+                 else tests.best(acc_key)),
+                ('last_test_accuracy', tests.last(acc_key)),
+                ('final_test_loss', test_loss),
+                ('final_train_loss', train_loss)]
+
+    def summarized(self, run, info, scaling):
+        if hasattr(scaling, 'loss_scales') and scaling.loss_scales():
+            alphas = list(scaling.loss_scales().values())
+            info['alpha_min'], info['alpha_max'] = min(alphas), max(alphas)
 
     def write_tables(self, cfg, out, quiet=False):
         return tables.write_tables(os.path.join(out, cfg.table), cfg.layout,
                                    quiet=quiet)
-
-
-def _summarize(info, trainer, updater, scaling, diverged_error):
-    tests = trainer.get_extension('TestHistory')
-    acc_key, loss_key = 'validation/main/accuracy', 'validation/main/loss'
-    train_loss = TR.last(trainer.get_extension('LogReport').log, 'main/loss')
-    test_loss = tests.last(loss_key)
-    error = diverged_error
-    if error is None and not (TR.finite(train_loss) and
-                              TR.finite(test_loss)):
-        error = 'non-finite loss at the end (train {}, test {})'.format(
-            train_loss, test_loss)
-    TR.summarize(info, trainer, updater, scaling, error, lambda diverged: [
-        ('final_test_accuracy', None if diverged else tests.last(acc_key)),
-        ('best_test_accuracy', None if diverged else tests.best(acc_key)),
-        ('last_test_accuracy', tests.last(acc_key)),
-        ('final_test_loss', test_loss), ('final_train_loss', train_loss)])
-    if hasattr(scaling, 'loss_scales') and scaling.loss_scales():
-        alphas = list(scaling.loss_scales().values())
-        info['alpha_min'], info['alpha_max'] = min(alphas), max(alphas)
-    return info
 
 
 #: the one instance the entries run

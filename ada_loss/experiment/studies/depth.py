@@ -26,6 +26,7 @@ adaptive, FP8), ``fig4_records.csv`` and ``results.json``.
 """
 import collections
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -41,23 +42,26 @@ from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.studies import classification
 from ada_loss.experiment.studies.classification import Cell
+from ada_loss.precision import parse_precision
 from ada_loss.scaling import parse_mode
 
 matplotlib.use('Agg')
 
 COLUMNS = ('None', 'Fixed (best)', 'Fixed (held-out)', 'Dynamic',
            'Adaptive (paper)', 'Adaptive', 'Amax')
+#: the FP32 runs' mode and precision
+FP32, FLOAT32 = parse_mode('fp32'), parse_precision('float32')
 
 #: modes whose runs an earlier edition's ``results.json`` may supply
-#: (``study.reuse``): those on Chainer's own backward (plain or scaled), which the overflow
-#: guard and the layer-wise changes do not touch
+#: (``study.reuse``): those on Chainer's own backward (plain or scaled),
+#: which the overflow guard and the layer-wise changes do not touch
 REUSABLE = ('fp32', 'none', 'fixed', 'dynamic')
 
 
 @dataclasses.dataclass
 class Fig4:
     model: C.ModelName = setting('resnet110', 'model of the probed runs')
-    precision: C.Precision = setting('fp8_e4m3', 'their precision')
+    precision: C.PrecisionName = setting('fp8_e4m3', 'their precision')
     seed: int = setting(0, 'their seed', minimum=0)
     every: int = setting(10, 'probe every n steps', minimum=1)
     fixed: str = setting('best', "the fixed scale compared: 'best' (the "
@@ -114,7 +118,7 @@ class DepthStudy(classification.ClassificationStudy):
         out = []
         for s in g.seeds:
             if cfg.study.fp32:
-                out += [Cell(m, d, 'fp32', s, 'float32') for m in g.models
+                out += [Cell(m, d, FP32, s, FLOAT32) for m in g.models
                         for d in g.datasets]
             out += [c for c in super(DepthStudy, self).cells(cfg)
                     if c.seed == s]
@@ -141,21 +145,24 @@ class DepthStudy(classification.ClassificationStudy):
 
 def collect(study, cfg, out):
     """{(precision, model, mode): [run.json dicts]} of the existing runs
-    (and of ``study.reuse``'s, see :data:`REUSABLE`)."""
+    (and of ``study.reuse``'s, see :data:`REUSABLE`); precision and mode
+    as text."""
     runs = collections.defaultdict(list)
     for cell in study.cells(cfg):
         info = R.read_run(study.folder(out, cfg, cell))
         if info:
-            runs[(cell.precision, cell.model, cell.mode)].append(info)
-        elif cfg.study.reuse and parse_mode(cell.mode).name in REUSABLE:
+            runs[(str(cell.precision), cell.model, str(cell.mode))].append(
+                info)
+        elif cfg.study.reuse and cell.mode.name in REUSABLE:
             old = _reused(cfg.study.reuse).get(
-                (cell.precision, cell.model, cell.mode, cell.seed))
+                (str(cell.precision), cell.model, str(cell.mode), cell.seed))
             if old is not None:
-                runs[(cell.precision, cell.model, cell.mode)].append(
-                    dict(old, reused=True))
+                runs[(str(cell.precision), cell.model, str(cell.mode))
+                     ].append(dict(old, reused=True))
     return runs
 
 
+@functools.lru_cache(maxsize=4)
 def _reused(path):
     """{(precision, model, mode, seed): run dict} of a results.json."""
     with open(path) as f:
@@ -260,8 +267,10 @@ def paired(cfg, runs, mode='adaptive'):
 
 def best_fixed(runs, precision, model):
     """(mode, stats) of the fixed scale with the best mean among those
-    none of whose runs diverged, or (None, None)."""
+    none of whose runs diverged, or (None, None); ``runs`` as
+    :func:`collect` returns them."""
     best = (None, None)
+    precision = str(precision)
     for (p, m, mode), rs in runs.items():
         if p != precision or m != model or not mode.startswith('fixed:'):
             continue
@@ -277,7 +286,8 @@ def table1(cfg, runs):
     header = ['Depth']
     if cfg.study.fp32:
         header.append('FP32')
-    for p in cfg.grid.precisions:
+    precisions = [str(p) for p in cfg.grid.precisions]
+    for p in precisions:
         header += ['{} {}'.format(p, c) for c in COLUMNS]
     lines = ['| ' + ' | '.join(header) + ' |',
              '|' + '---|' * len(header)]
@@ -285,7 +295,7 @@ def table1(cfg, runs):
         row = [m]
         if cfg.study.fp32:
             row.append(cell_text(stats(runs.get(('float32', m, 'fp32'), []))))
-        for p in cfg.grid.precisions:
+        for p in precisions:
             by_col = collections.defaultdict(list)
             for (pp, mm, mode), rs in runs.items():
                 if pp == p and mm == m and _column(mode):
@@ -313,7 +323,7 @@ def table4(cfg, runs):
     lines = ['| ' + ' | '.join(header) + ' |',
              '|' + '---|' * len(header)]
     for m in cfg.grid.models:
-        for p in cfg.grid.precisions:
+        for p in map(str, cfg.grid.precisions):
             row = [m, p] + [cell_text(stats(runs.get(
                 (p, m, 'fixed:{:g}'.format(s)), []))) for s in scales]
             lines.append('| ' + ' | '.join(row) + ' |')
@@ -339,8 +349,8 @@ def fig4(study, cfg, out, runs, log=print):
     modes = ['none', fixed, 'adaptive']
     probed = C.replace(cfg, table=cfg.table + '/fig4', log=C.replace(
         cfg.log, probe_every=f.every))
-    cells = [Cell(f.model, cfg.grid.datasets[0], mode, f.seed, f.precision)
-             for mode in modes]
+    cells = [Cell(f.model, cfg.grid.datasets[0], parse_mode(mode), f.seed,
+                  f.precision) for mode in modes]
     cache = None
     records, infos = [], {}
     for cell in cells:
@@ -350,7 +360,7 @@ def fig4(study, cfg, out, runs, log=print):
             if cache is None:
                 cache = study.preload(probed, cells)
             info = study.run(probed, cell, out, resume=True, cache=cache)
-        infos[cell.mode] = {k: info.get(k) for k in (
+        infos[str(cell.mode)] = {k: info.get(k) for k in (
             'status', 'final_test_accuracy', 'skipped_steps', 'iterations')}
         log('[depth] fig4 {} {}: acc {} skipped {}'.format(
             f.model, cell.mode, info.get('final_test_accuracy'),

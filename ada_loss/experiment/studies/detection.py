@@ -6,10 +6,11 @@ Table 3 (§4.3): VOC07 test mAP (%) of SSD512 trained on VOC07+12 with batch
 (Appendix B, ``configs/table5_ssd.yaml``): mAP per fixed loss scale at batch
 8.
 
-One run (:meth:`DetectionStudy.run`) is ChainerCV's SSD example (Liu et al.
-2016): VOC07+12 trainval, the SSD augmentation, MomentumSGD (0.9) at lr 1e-3
-x0.1 at 80k and 100k of 120k iterations, weight decay 5e-4 (biases: 2x lr,
-no decay), evaluation on VOC2007 test (11-point mAP, difficult objects
+One run (the recipe of :class:`~ada_loss.experiment.recipe.TrainingStudy`,
+this study's hooks) is ChainerCV's SSD example (Liu et al. 2016), in mixed16
+unless ``train.precision`` says otherwise: VOC07+12 trainval, the SSD
+augmentation, MomentumSGD (0.9) at lr 1e-3 x0.1 at 80k and 100k of 120k
+iterations, weight decay 5e-4 (biases: 2x lr, no decay), evaluation on VOC2007 test (11-point mAP, difficult objects
 ignored). Only the loss-scaling mode (and the batch size: 8 or 32) changes
 between runs. A run lives in ``<out>/<table>/<model>-b<batch>-<mode>-s<seed>/``
 with the harness's files (``run.json``: ``status``, ``final_map``,
@@ -19,12 +20,9 @@ steps, or whose final loss or mAP is not finite, is ``diverged``.
 import collections
 import dataclasses
 import os
-import random
 from typing import List, Literal, Optional
 
 import chainer
-import numpy
-from chainer import training
 
 from ada_loss.datasets.voc import VOC_LABEL_NAMES
 from ada_loss.datasets.voc import get_voc_detection_test
@@ -38,12 +36,10 @@ from ada_loss.detection.transforms import SSDTrainTransform
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
-from ada_loss.experiment import trainer as TR
+from ada_loss.experiment import recipe as RC
 from ada_loss.experiment.config import section, setting
-from ada_loss.experiment.runner import Study
-from ada_loss.experiment.studies.classification import (
-    grid_modes, mode_slug, mode_sort_key)
-from ada_loss.scaling import parse_mode, resolve_precision
+from ada_loss.experiment.modes import grid_modes, mode_slug, mode_sort_key
+from ada_loss.scaling import resolve_precision
 from ada_loss.training import extensions as AE
 from ada_loss.training.triggers import StopAt
 
@@ -83,6 +79,7 @@ class Data:
 
 @dataclasses.dataclass
 class Train:
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     iterations: int = setting(120000, 'training length', minimum=1)
     lr: float = setting(1e-3, 'initial learning rate', positive=True)
     lr_steps: List[int] = setting([80000, 100000], 'iterations where lr *= '
@@ -99,13 +96,13 @@ class Train:
 
 
 @dataclasses.dataclass
-class SSDLog(TR.Log):
+class SSDLog(RC.Log):
     """The log section with SSD's intervals (iterations)."""
-    log_interval: C.Interval = TR.log_setting('log_interval',
+    log_interval: C.Interval = RC.log_setting('log_interval',
                                               [100, 'iteration'])
-    eval_interval: C.Interval = TR.log_setting('eval_interval',
+    eval_interval: C.Interval = RC.log_setting('eval_interval',
                                                [10000, 'iteration'])
-    snapshot_interval: C.Interval = TR.log_setting('snapshot_interval',
+    snapshot_interval: C.Interval = RC.log_setting('snapshot_interval',
                                                    [1000, 'iteration'])
 
 
@@ -128,6 +125,12 @@ class Config:
     def modes(self):
         return sorted(grid_modes(self.grid.modes, self.grid.fixed_scales),
                       key=mode_sort_key)
+
+    def check(self):
+        """Every mode builds in the precision."""
+        RC.check_modes_build(
+            [('grid.modes' if m in self.grid.modes else 'grid.fixed_scales',
+              m) for m in self.modes()], [self.train.precision])
 
 
 #: One run: model name, batch size, loss-scaling mode, seed.
@@ -155,11 +158,13 @@ class IterationStepLR(AE.StepLearningRate):
                                            if iteration >= s)
 
 
-class DetectionStudy(Study):
+class DetectionStudy(RC.TrainingStudy):
     """Tables 3 and 5: SSD on VOC per loss-scaling mode and batch size."""
     Config = Config
     Cell = SSDCell
     only_aliases = {'batch': 'batchsize'}
+    print_keys = PRINT_KEYS
+    plots = PLOTS
 
     def cells(self, cfg):
         g = cfg.grid
@@ -170,8 +175,8 @@ class DetectionStudy(Study):
         return ssd_run_name(cell)
 
     def run_config(self, cfg, cell):
-        return self.cell_config(cfg, cell,
-                                precision=resolve_precision(cell.mode))
+        return self.cell_config(cfg, cell, precision=resolve_precision(
+            cell.mode, cfg.train.precision))
 
     def stop_point(self, run_config):
         return ((run_config or {}).get('train') or {}).get('iterations')
@@ -184,80 +189,83 @@ class DetectionStudy(Study):
         root = resolve_voc_root(cfg.data.voc_root)
         return get_voc_detection_train(root), get_voc_detection_test(root)
 
-    def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
-        """Trains one SSD cell; writes and returns its ``run.json``."""
-        data_cfg, train_cfg, log_cfg = cfg.data, cfg.train, cfg.log
-        spec = parse_mode(cell.mode)
-        dtype = resolve_precision(cell.mode)
-        name = ssd_run_name(cell)
-        folder = self.folder(out, cfg, cell)
-        info, resuming = TR.open_run(folder, [
-            ('name', name), ('table', cfg.table), ('model', cell.model),
-            ('dataset', 'voc0712'), ('batchsize', cell.batchsize),
-            ('mode', str(spec)), ('mode_name', spec.name),
-            ('mode_options', spec.options), ('seed', cell.seed),
-            ('precision', dtype)], cfg.description,
-            C.dump(self.run_config(cfg, cell)), resume, comm)
+    # -- the recipe's hooks (ada_loss.experiment.recipe) ----------------------------
+    def run_fields(self, run):
+        cell = run.cell
+        return [('name', ssd_run_name(cell)), ('table', run.cfg.table),
+                ('model', cell.model), ('dataset', 'voc0712'),
+                ('batchsize', cell.batchsize)] + RC.mode_fields(run.mode) + \
+            [('seed', cell.seed), ('precision', str(run.precision))]
 
-        random.seed(cell.seed)
-        numpy.random.seed(cell.seed)
-        voc_train, voc_test = cache or self.preload(cfg, [cell])
-        model = build_ssd(cell.model, len(VOC_LABEL_NAMES), dtype,
-                          cfg.model.pretrained_model, initialize=True)
-        chain = MultiboxTrainChain(model, alpha=train_cfg.loc_weight,
-                                   k=train_cfg.neg_pos_ratio)
-        transform = SSDTrainTransform(model.coder, model.insize, model.mean,
-                                      photometric=data_cfg.photometric)
+    def load_data(self, run, cache):
+        return cache or self.preload(run.cfg, [run.cell])
+
+    def model(self, run, data):
+        t = run.cfg.train
+        model = build_ssd(run.cell.model, len(VOC_LABEL_NAMES),
+                          run.precision, run.cfg.model.pretrained_model,
+                          initialize=True)
+        return MultiboxTrainChain(model, alpha=t.loc_weight,
+                                  k=t.neg_pos_ratio)
+
+    def datasets(self, run, data, model):
+        d = run.cfg.data
+        ssd = model.model
+        transform = SSDTrainTransform(ssd.coder, ssd.insize, ssd.mean,
+                                      photometric=d.photometric)
         train = chainer.datasets.TransformDataset(
-            TR.subset(voc_train, data_cfg.train_size, cell.seed), transform)
-        test = TR.subset(voc_test, data_cfg.test_size, cell.seed + 1)
-        optimizer = setup_ssd_optimizer(
-            chain, train_cfg.lr, train_cfg.momentum, train_cfg.weight_decay,
-            dtype, comm)
+            RC.subset(data[0], d.train_size, run.seed), transform)
+        return train, RC.subset(data[1], d.test_size, run.seed + 1)
 
-        train, _, batchsize = TR.scatter(train, None, cell.batchsize, comm,
-                                         cell.seed, 'batch size')
-        seed = TR.iterator_seed(cell.seed, comm)
-        train_iter = TR.make_iterator(train, batchsize, data_cfg.loaderjobs,
-                                      seed=seed)
-        test_iter = TR.make_iterator(test, train_cfg.eval_batchsize, 0,
-                                     repeat=False, shuffle=False, seed=seed)
+    def optimizer(self, run, model):
+        t = run.cfg.train
+        return setup_ssd_optimizer(model, t.lr, t.momentum, t.weight_decay,
+                                   run.precision, run.comm)
 
-        scaling = TR.make_scaling(cell.mode, dtype, log_cfg, comm)
-        updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm,
-                                  os.path.join(folder, 'scaling.txt'))
-        stop = StopAt(iterations=train_cfg.iterations)
-        trainer = training.Trainer(updater, stop, out=folder)
+    batchsize_key = 'batch size'
 
-        evaluator = make_voc_evaluator(test, model, train_cfg.eval_batchsize,
-                                       iterator=test_iter, comm=comm)
-        TR.extend_trainer(
-            trainer, stop, log_cfg, evaluator,
-            IterationStepLR(train_cfg.lr, train_cfg.lr_steps,
-                            train_cfg.lr_decay, optimizer=optimizer),
-            optimizer, scaling, resuming, comm,
-            print_keys=PRINT_KEYS, plots=PLOTS)
+    def batchsize(self, run):
+        return run.cell.batchsize
 
-        def finalize(info, error):
-            log = trainer.get_extension('LogReport').log
-            maps = [e['validation/main/map'] for e in log
-                    if TR.finite(e.get('validation/main/map'))]
-            train_loss = TR.last(log, 'main/loss')
-            final_map = TR.last(log, 'validation/main/map')
-            if error is None and not (TR.finite(train_loss) and
-                                      TR.finite(final_map)):
-                error = 'non-finite loss or mAP at the end (train loss {}, ' \
-                    'mAP {})'.format(train_loss, final_map)
-            TR.summarize(info, trainer, updater, scaling, error,
-                         lambda diverged: [
-                             ('final_map', None if diverged else final_map),
-                             ('best_map', None if diverged or not maps
-                              else max(maps)),
-                             ('last_map', final_map),
-                             ('final_train_loss', train_loss)], epoch=False)
+    scatter_test = False       # make_voc_evaluator: every rank sees it all
 
-        return TR.run_trainer(trainer, updater, info, folder, finalize,
-                              log_cfg, comm, threads=cfg.blas_threads)
+    def iterators(self, run, train, test, batchsize):
+        seed = RC.iterator_seed(run.seed, run.comm)
+        return (RC.make_iterator(train, batchsize, run.cfg.data.loaderjobs,
+                                 seed=seed),
+                RC.make_iterator(test, run.cfg.train.eval_batchsize, 0,
+                                 repeat=False, shuffle=False, seed=seed))
+
+    def stop(self, run):
+        return StopAt(iterations=run.cfg.train.iterations)
+
+    def evaluator(self, run, model, test, test_iter):
+        return make_voc_evaluator(test, model.model,
+                                  run.cfg.train.eval_batchsize,
+                                  iterator=test_iter, comm=run.comm)
+
+    def lr_schedule(self, run, optimizer):
+        t = run.cfg.train
+        return IterationStepLR(t.lr, t.lr_steps, t.lr_decay,
+                               optimizer=optimizer)
+
+    final_what = 'loss or mAP'
+    records_epoch = False
+
+    def final_values(self, run, trainer, updater):
+        log = trainer.get_extension('LogReport').log
+        return [('train loss', RC.last(log, 'main/loss')),
+                ('mAP', RC.last(log, 'validation/main/map'))]
+
+    def metrics(self, run, trainer, updater, diverged):
+        log = trainer.get_extension('LogReport').log
+        maps = [e['validation/main/map'] for e in log
+                if RC.finite(e.get('validation/main/map'))]
+        (_, train_loss), (_, final_map) = self.final_values(run, trainer,
+                                                            updater)
+        return [('final_map', None if diverged else final_map),
+                ('best_map', None if diverged or not maps else max(maps)),
+                ('last_map', final_map), ('final_train_loss', train_loss)]
 
     def summary(self, info):
         text = '{:<40s} {:<9s}'.format(info['name'], info['status'])

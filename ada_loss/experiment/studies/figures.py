@@ -11,7 +11,7 @@ the same seed, data order and initialization:
   and the σ_max ratio (§4.2).
 
 Every run is a run on Chainer's Trainer with ``log.record_every``
-(:func:`ada_loss.experiment.trainer.make_scaling`: a
+(:func:`ada_loss.experiment.recipe.make_scaling`: a
 :class:`~ada_loss.analysis.recorder.RecordingLossScaling`), resumable from
 its snapshot; it writes ``records.csv`` (as it goes), ``run.json``, the log
 and the snapshot into ``<out>/<table>/<run>/``. The
@@ -31,12 +31,9 @@ import collections
 import dataclasses
 import json
 import os
-import random
 from typing import Dict, Literal, Optional
 
 import chainer
-import numpy
-from chainer import training
 
 from ada_loss import atomic
 from ada_loss.analysis import plots
@@ -48,11 +45,9 @@ from ada_loss.detection import MultiboxTrainChain, SSDTrainTransform
 from ada_loss.detection import build_ssd, setup_ssd_optimizer
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
-from ada_loss.experiment import trainer as TR
+from ada_loss.experiment import recipe as RC
 from ada_loss.experiment.config import setting
-from ada_loss.experiment.runner import Study
 from ada_loss.models import build_model
-from ada_loss.scaling import parse_mode, resolve_precision
 from ada_loss.training import Classifier
 from ada_loss.training import dtype_config
 from ada_loss.training import setup_optimizer
@@ -90,11 +85,18 @@ class Settings:
     momentum: float = setting(0.9, 'MomentumSGD momentum', minimum=0.0)
     weight_decay: float = setting(1e-4, 'weight decay', minimum=0.0)
     seed: int = setting(0, 'random seed', minimum=0)
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     photometric: bool = setting(True, 'detection: photometric distortion')
     modes: Dict[str, C.Mode] = setting(
         {'fig1': 'fp32', 'fixed': 'fixed:128', 'adaptive': 'adaptive'},
         "run name -> loss-scaling mode; 'fig1' (FP32) gives Fig. 1, 'fixed' "
         "+ 'adaptive' Fig. 4a/4b and the sigma_max ratio")
+
+    def check(self):
+        """Every mode builds in the precision."""
+        RC.check_modes_build([('modes.' + run, mode)
+                              for run, mode in self.modes.items()],
+                             [self.precision])
 
 
 @dataclasses.dataclass
@@ -104,6 +106,9 @@ class FileConfig(Settings):
                                      '(null: the top-level settings)')
     profiles: Dict[str, dict] = setting({}, 'name -> partial settings (keys '
                                         'as the top level)')
+
+    def check(self):
+        """Nothing: the settings of the profile (merged) are checked."""
 
 
 def load_config(path=None, overrides=(), profile=None):
@@ -133,12 +138,7 @@ def load_config(path=None, overrides=(), profile=None):
     return C.from_dict(Settings, settings, 'profiles.{}.'.format(name))
 
 
-def _seed(seed):
-    random.seed(seed)
-    numpy.random.seed(seed)
-
-
-def _classification(cfg, mode, dtype):
+def _classification_data(cfg):
     if cfg.dataset == 'digits':
         train, _ = get_digits(size=cfg.image_size, seed=cfg.seed)
     elif cfg.dataset == 'imagenet':
@@ -146,29 +146,14 @@ def _classification(cfg, mode, dtype):
     else:
         raise ValueError('classification dataset must be digits or '
                          'imagenet, got {!r}'.format(cfg.dataset))
-    with dtype_config(dtype):
-        predictor = build_model(cfg.model, cfg.num_classes,
-                                **(cfg.model_kwargs or {}))
-    chain = Classifier(predictor, dtype)
-    optimizer = chainer.optimizers.MomentumSGD(cfg.lr, cfg.momentum)
-    setup_optimizer(optimizer, chain, dtype)
-    add_weight_decay(chain, cfg.weight_decay)
-    return train, chain, optimizer
+    return train
 
 
-def _detection(cfg, mode, dtype):
+def _detection_data(cfg):
     if cfg.dataset != 'voc':
         raise ValueError('detection dataset must be voc, got {!r}'.format(
             cfg.dataset))
-    model = build_ssd(cfg.model, 20, dtype)
-    train = chainer.datasets.TransformDataset(
-        get_voc_detection_train(resolve_voc_root(cfg.data_root)),
-        SSDTrainTransform(model.coder, model.insize, model.mean,
-                          photometric=cfg.photometric))
-    chain = MultiboxTrainChain(model)
-    optimizer = setup_ssd_optimizer(chain, cfg.lr, cfg.momentum,
-                                    cfg.weight_decay, dtype)
-    return train, chain, optimizer
+    return get_voc_detection_train(resolve_voc_root(cfg.data_root))
 
 
 def log_of(cfg):
@@ -176,7 +161,7 @@ def log_of(cfg):
     losses of ``summary.json``), a snapshot every ``snapshot_every``
     iterations and at the end, the gradient records every
     ``record_every``; nothing on the console, no PNGs but the figures."""
-    return TR.Log(log_interval=[1, 'iteration'],
+    return RC.Log(log_interval=[1, 'iteration'],
                   eval_interval=[cfg.iterations, 'iteration'],
                   snapshot_interval=[cfg.snapshot_every, 'iteration'],
                   progress='none', plot=False,
@@ -186,7 +171,7 @@ def log_of(cfg):
 FigureRun = collections.namedtuple('FigureRun', ('run', 'mode'))
 
 
-class FiguresStudy(Study):
+class FiguresStudy(RC.TrainingStudy):
     """Figures 1 and 4: one recorded run per mode of the profile."""
     Config = Settings
     Cell = FigureRun
@@ -202,38 +187,75 @@ class FiguresStudy(Study):
     def run_name(self, cfg, cell):
         return cell.run
 
-    def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
-        """One recorded run on the Trainer (:func:`log_of`): resumable from
-        its snapshot, ``records.csv`` written as it goes."""
-        folder = self.folder(out, cfg, cell)
-        info, resuming = TR.open_run(folder, [
-            ('name', cell.run), ('table', cfg.table), ('mode', cell.mode)],
-            '', C.dump(self.run_config(cfg, cell)), resume)
-        _seed(cfg.seed)
-        dtype = resolve_precision(cell.mode)
-        build = _detection if cfg.task == 'detection' else _classification
-        train, chain, optimizer = build(cfg, cell.mode, dtype)
-        log_cfg = log_of(cfg)
-        scaling = TR.make_scaling(cell.mode, dtype, log_cfg)
-        updater = TR.make_updater(TR.make_iterator(train, cfg.batch_size),
-                                  optimizer, scaling, parse_mode(cell.mode))
-        stop = StopAt(iterations=cfg.iterations)
-        trainer = training.Trainer(updater, stop, out=folder)
-        TR.extend_trainer(trainer, stop, log_cfg, None, None, optimizer,
-                          scaling, resuming)
+    # -- the recipe's hooks (ada_loss.experiment.recipe): one recorded run
+    # (log_of), resumable from its snapshot, records.csv written as it goes;
+    # no evaluation, no learning-rate schedule
+    history = None
+    print_keys = plots = ()
+    scaling_summary = None
+    records_epoch = False
 
-        def finalize(info, error):
-            log = trainer.get_extension('LogReport').log
-            TR.summarize(info, trainer, updater, scaling, error,
-                         lambda diverged: [
-                             ('dtype', dtype),
-                             ('iterations_done', updater.iteration),
-                             ('diverged', error or False),
-                             ('losses', [float(e['main/loss']) for e in log
-                                         if 'main/loss' in e])],
-                         epoch=False)
-        return TR.run_trainer(trainer, updater, info, folder, finalize,
-                              log_cfg)
+    def setup(self, cfg, cell, comm=None):
+        return RC.Run(cfg=cfg, cell=cell, config=cfg, mode=cell.mode,
+                      precision=RC.run_precision(cell.mode, cfg.precision),
+                      seed=cfg.seed,
+                      log=log_of(cfg))
+
+    def run_fields(self, run):
+        return [('name', run.cell.run), ('table', run.cfg.table),
+                ('mode', str(run.mode)), ('precision', str(run.precision))]
+
+    def load_data(self, run, cache):
+        if run.cfg.task == 'detection':
+            return _detection_data(run.cfg)
+        return _classification_data(run.cfg)
+
+    def model(self, run, data):
+        cfg = run.cfg
+        if cfg.task == 'detection':
+            return MultiboxTrainChain(build_ssd(cfg.model, 20,
+                                               run.precision))
+        with dtype_config(run.precision):
+            predictor = build_model(cfg.model, cfg.num_classes,
+                                    **(cfg.model_kwargs or {}))
+        return Classifier(predictor, run.precision)
+
+    def datasets(self, run, data, model):
+        if run.cfg.task == 'detection':
+            ssd = model.model
+            data = chainer.datasets.TransformDataset(data, SSDTrainTransform(
+                ssd.coder, ssd.insize, ssd.mean,
+                photometric=run.cfg.photometric))
+        return data, None
+
+    def optimizer(self, run, model):
+        cfg = run.cfg
+        if cfg.task == 'detection':
+            return setup_ssd_optimizer(model, cfg.lr, cfg.momentum,
+                                       cfg.weight_decay, run.precision)
+        optimizer = chainer.optimizers.MomentumSGD(cfg.lr, cfg.momentum)
+        setup_optimizer(optimizer, model, run.precision)
+        add_weight_decay(model, cfg.weight_decay)
+        return optimizer
+
+    def batchsize(self, run):
+        return run.cfg.batch_size
+
+    def iterators(self, run, train, test, batchsize):
+        return RC.make_iterator(train, batchsize), None
+
+    def stop(self, run):
+        return StopAt(iterations=run.cfg.iterations)
+
+    def evaluator(self, run, model, test, test_iter):
+        return None
+
+    def metrics(self, run, trainer, updater, diverged):
+        log = trainer.get_extension('LogReport').log
+        return [('iterations_done', updater.iteration),
+                ('diverged', run.error or False),
+                ('losses', [float(e['main/loss']) for e in log
+                            if 'main/loss' in e])]
 
     def write_tables(self, cfg, out, quiet=False):
         return make_figures(cfg, os.path.join(out, cfg.table), quiet)
@@ -250,7 +272,8 @@ def make_figures(cfg, folder, quiet=False):
         if info and os.path.exists(path):
             records[run] = load_csv(path)
             infos[run] = {k: info.get(k) for k in (
-                'mode', 'dtype', 'iterations_done', 'diverged', 'losses')}
+                'mode', 'precision', 'iterations_done', 'diverged',
+                'losses')}
     name = '{} on {}'.format(cfg.model, cfg.dataset)
     paths = {}
     if 'fig1' in records:
@@ -260,9 +283,9 @@ def make_figures(cfg, folder, quiet=False):
                 name, cfg.modes['fig1']))
     summary = {'config': C.to_dict(cfg), 'runs': infos}
     if 'adaptive' in records:
-        fixed_mode = cfg.modes.get('fixed', '')
-        fixed_scale = (float(fixed_mode.split(':', 1)[1])
-                       if fixed_mode.startswith('fixed:') else None)
+        fixed_mode = cfg.modes.get('fixed')
+        fixed_scale = (fixed_mode.options['scale'] if fixed_mode is not None
+                       and fixed_mode.name == 'fixed' else None)
         paths['fig4a'] = plots.plot_fig4a(
             records['adaptive'], os.path.join(folder, 'fig4a.png'),
             fixed_scale, 'Fig. 4a: loss scale of each layer, {}'.format(name))

@@ -20,8 +20,8 @@ from ada_loss import atomic
 from ada_loss.analysis import gemm_probe
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
-from ada_loss.experiment.studies.classification import (
-    ClassificationStudy, mode_sort_key)
+from ada_loss.experiment.modes import mode_sort_key
+from ada_loss.experiment.studies.classification import ClassificationStudy
 
 SUMMARY_FIELDS = ('mode', 'layer_id', 'layer', 'log2_alpha', 'log2_beta',
                   'uf_in', 'of_in', 'headroom_in_log2', 'uf_out', 'of_out',

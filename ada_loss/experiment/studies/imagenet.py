@@ -6,8 +6,10 @@ The training method of He et al. (2016) in its common large-batch form
 linear warm-up over the first 5 epochs, x0.1 at epochs 30, 60 and 80, weight
 decay 1e-4; random-resized crops + flips, 224x224 center crops of
 256-resized images for evaluation. Only the loss-scaling mode changes:
-FP32 | None | Fixed (128) | Dynamic | Adaptive. Each cell is one run
-(:meth:`ImageNetStudy.run`)
+FP32 | None | Fixed (128) | Dynamic | Adaptive, in mixed16 unless
+``train.precision`` says otherwise (any precision of
+:mod:`ada_loss.precision`). Each cell is one run (the recipe of
+:class:`~ada_loss.experiment.recipe.TrainingStudy`, this study's hooks)
 in ``<out>/<table>/<model>-imagenet-<mode>-s<seed>/`` with the harness's
 files (``run.json``: status finished/diverged, ``final_test_accuracy`` =
 top-1 on the validation set ...). The table goes to
@@ -16,26 +18,20 @@ top-1 on the validation set ...). The table goes to
 import collections
 import dataclasses
 import os
-import random
 from typing import List, Literal, Optional
-
-import numpy
-from chainer import training
 
 from ada_loss.datasets.imagenet import get_imagenet_datasets
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
-from ada_loss.experiment import trainer as TR
+from ada_loss.experiment import recipe as RC
 from ada_loss.experiment.config import section, setting
-from ada_loss.experiment.runner import Study
-from ada_loss.experiment.studies.classification import (
-    PLOTS, mode_sort_key, run_name)
+from ada_loss.experiment.modes import mode_sort_key
+from ada_loss.experiment.studies.classification import PLOTS, run_name
 from ada_loss.models import build_model
-from ada_loss.scaling import parse_mode, resolve_precision
+from ada_loss.scaling import resolve_precision
 from ada_loss.training import Classifier, dtype_config
 from ada_loss.training import extensions as AE
-from ada_loss.training.triggers import StopAt
 
 @dataclasses.dataclass
 class Grid:
@@ -64,6 +60,7 @@ class Data:
 
 @dataclasses.dataclass
 class Train:
+    precision: Optional[C.PrecisionName] = RC.precision_setting()
     batchsize: int = setting(256, 'global minibatch size', minimum=1)
     base_lr: float = setting(0.1, 'lr for batch 256 (lr = base_lr * B/256)',
                              positive=True)
@@ -90,7 +87,12 @@ class Config:
     grid: Grid = section(Grid)
     data: Data = section(Data)
     train: Train = section(Train)
-    log: TR.Log = section(TR.Log)
+    log: RC.Log = section(RC.Log)
+
+    def check(self):
+        """Every mode builds in the precision."""
+        RC.check_modes_build([('grid.modes', m) for m in self.grid.modes],
+                             [self.train.precision])
 
 
 PRINT_KEYS = ['epoch', 'iteration', 'main/loss', 'validation/main/loss',
@@ -117,10 +119,12 @@ ImageNetCell = collections.namedtuple('ImageNetCell',
                                       ('model', 'dataset', 'mode', 'seed'))
 
 
-class ImageNetStudy(Study):
+class ImageNetStudy(RC.TrainingStudy):
     """Table 2: ImageNet ResNets per loss-scaling mode."""
     Config = Config
     Cell = ImageNetCell
+    print_keys = PRINT_KEYS
+    plots = PLOTS
 
     def cells(self, cfg):
         g = cfg.grid
@@ -132,8 +136,8 @@ class ImageNetStudy(Study):
         return run_name(cell)
 
     def run_config(self, cfg, cell):
-        return self.cell_config(cfg, cell,
-                                precision=resolve_precision(cell.mode))
+        return self.cell_config(cfg, cell, precision=resolve_precision(
+            cell.mode, cfg.train.precision))
 
     def stop_point(self, run_config):
         t = (run_config or {}).get('train') or {}
@@ -145,79 +149,75 @@ class ImageNetStudy(Study):
         return get_imagenet_datasets(d.imagenet_root, d.image_size,
                                      d.eval_resize) if cells else None
 
-    def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
-        """Trains one cell (model, 'imagenet', mode, seed); returns
-        run.json."""
-        data_cfg, train_cfg, log_cfg = cfg.data, cfg.train, cfg.log
-        spec = parse_mode(cell.mode)
-        dtype = resolve_precision(cell.mode)
-        folder = self.folder(out, cfg, cell)
-        info, resuming = TR.open_run(folder, [
-            ('name', run_name(cell)), ('table', cfg.table),
-            ('model', cell.model), ('dataset', 'imagenet'),
-            ('mode', str(spec)), ('mode_name', spec.name),
-            ('mode_options', spec.options), ('seed', cell.seed),
-            ('precision', dtype)], cfg.description,
-            C.dump(self.run_config(cfg, cell)), resume, comm)
+    # -- the recipe's hooks (ada_loss.experiment.recipe) ----------------------------
+    def run_fields(self, run):
+        cell = run.cell
+        return [('name', run_name(cell)), ('table', run.cfg.table),
+                ('model', cell.model), ('dataset', 'imagenet')] + \
+            RC.mode_fields(run.mode) + [('seed', cell.seed),
+                                        ('precision', str(run.precision))]
 
-        random.seed(cell.seed)
-        numpy.random.seed(cell.seed)
-        train, test = cache or get_imagenet_datasets(
-            data_cfg.imagenet_root, data_cfg.image_size,
-            data_cfg.eval_resize)
-        num_classes = len(train._dataset.label_names)
-        train = TR.subset(train, data_cfg.train_size, cell.seed)
-        test = TR.subset(test, data_cfg.test_size, cell.seed + 1)
-        with dtype_config(dtype):
-            model = Classifier(build_model(cell.model, num_classes), dtype)
-        batchsize = train_cfg.batchsize
-        lr = train_cfg.base_lr * batchsize / 256.0
-        optimizer = TR.build_optimizer(model, dtype, lr, train_cfg.momentum,
-                                       train_cfg.weight_decay, comm)
-        iters_per_epoch = max(1, len(train) // batchsize)
-        train, test, batchsize = TR.scatter(train, test, batchsize, comm,
-                                            cell.seed)
-        seed = TR.iterator_seed(cell.seed, comm)
-        train_iter = TR.make_iterator(train, batchsize, data_cfg.loaderjobs,
-                                      seed=seed)
-        test_iter = TR.make_iterator(test, train_cfg.eval_batchsize,
-                                     data_cfg.loaderjobs, repeat=False,
-                                     shuffle=False, seed=seed)
+    def load_data(self, run, cache):
+        d = run.cfg.data
+        return cache or get_imagenet_datasets(d.imagenet_root, d.image_size,
+                                              d.eval_resize)
 
-        scaling = TR.make_scaling(cell.mode, dtype, log_cfg, comm)
-        updater = TR.make_updater(train_iter, optimizer, scaling, spec, comm)
-        stop = StopAt(epochs=train_cfg.epochs,
-                      iterations=train_cfg.max_iterations)
-        trainer = training.Trainer(updater, stop, out=folder)
-        TR.extend_trainer(
-            trainer, stop, log_cfg, TR.evaluator(test_iter, model, comm),
-            WarmupStepLR(lr, train_cfg.lr_steps, train_cfg.lr_decay,
-                         int(round(train_cfg.warmup_epochs *
-                                   iters_per_epoch)), optimizer=optimizer),
-            optimizer, scaling, resuming, comm,
-            print_keys=PRINT_KEYS, plots=PLOTS)
+    def model(self, run, data):
+        num_classes = len(data[0]._dataset.label_names)
+        with dtype_config(run.precision):
+            return Classifier(build_model(run.cell.model, num_classes),
+                              run.precision)
 
-        def finalize(info, error):
-            log = trainer.get_extension('LogReport').log
-            accs = [e['validation/main/accuracy'] for e in log
-                    if 'validation/main/accuracy' in e]
-            train_loss = TR.last(log, 'main/loss')
-            test_loss = TR.last(log, 'validation/main/loss')
-            if error is None and not (TR.finite(train_loss) and
-                                      TR.finite(test_loss)):
-                error = 'non-finite loss at the end (train {}, test ' \
-                    '{})'.format(train_loss, test_loss)
-            TR.summarize(info, trainer, updater, scaling, error,
-                         lambda diverged: [
-                             ('final_test_accuracy', None if diverged else
-                              TR.last(log, 'validation/main/accuracy')),
-                             ('best_test_accuracy', None if diverged or
-                              not accs else max(accs)),
-                             ('final_test_loss', test_loss),
-                             ('final_train_loss', train_loss)])
+    def datasets(self, run, data, model):
+        d, t = run.cfg.data, run.cfg.train
+        train = RC.subset(data[0], d.train_size, run.seed)
+        test = RC.subset(data[1], d.test_size, run.seed + 1)
+        run.iters_per_epoch = max(1, len(train) // t.batchsize)
+        return train, test
 
-        return TR.run_trainer(trainer, updater, info, folder, finalize,
-                              log_cfg, comm, threads=cfg.blas_threads)
+    def optimizer(self, run, model):
+        t = run.cfg.train
+        return RC.build_optimizer(model, run.precision, self.lr(run),
+                                  t.momentum, t.weight_decay, run.comm)
+
+    @staticmethod
+    def lr(run):
+        """lr = base_lr * B / 256 (Goyal et al. 2017)."""
+        return run.cfg.train.base_lr * run.cfg.train.batchsize / 256.0
+
+    def iterators(self, run, train, test, batchsize):
+        d, t = run.cfg.data, run.cfg.train
+        seed = RC.iterator_seed(run.seed, run.comm)
+        return (RC.make_iterator(train, batchsize, d.loaderjobs, seed=seed),
+                RC.make_iterator(test, t.eval_batchsize, d.loaderjobs,
+                                 repeat=False, shuffle=False, seed=seed))
+
+    scaling_summary = None
+
+    def lr_schedule(self, run, optimizer):
+        t = run.cfg.train
+        return WarmupStepLR(self.lr(run), t.lr_steps, t.lr_decay,
+                            int(round(t.warmup_epochs *
+                                      run.iters_per_epoch)),
+                            optimizer=optimizer)
+
+    def final_values(self, run, trainer, updater):
+        log = trainer.get_extension('LogReport').log
+        return [('train', RC.last(log, 'main/loss')),
+                ('test', RC.last(log, 'validation/main/loss'))]
+
+    def metrics(self, run, trainer, updater, diverged):
+        log = trainer.get_extension('LogReport').log
+        accs = [e['validation/main/accuracy'] for e in log
+                if 'validation/main/accuracy' in e]
+        (_, train_loss), (_, test_loss) = self.final_values(run, trainer,
+                                                            updater)
+        return [('final_test_accuracy', None if diverged else
+                 RC.last(log, 'validation/main/accuracy')),
+                ('best_test_accuracy', None if diverged or not accs
+                 else max(accs)),
+                ('final_test_loss', test_loss),
+                ('final_train_loss', train_loss)]
 
     def write_tables(self, cfg, out, quiet=False):
         results = os.path.join(out, cfg.table)

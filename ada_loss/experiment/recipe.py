@@ -1,22 +1,43 @@
-"""The parts of a training run shared by every table (paper §4.1 CIFAR,
-§4.2 ImageNet, §4.3 SSD) on Chainer's Trainer.
+"""The one training recipe of the harness: how a study's cell becomes a run
+on Chainer's Trainer (paper §4.1 CIFAR, §4.2 ImageNet, §4.3 SSD, the APS
+and figures studies).
 
-A run (the ``run`` of every study in :mod:`ada_loss.experiment.studies`)
-goes through the same steps:
+:class:`TrainingStudy` is the base class of every study that trains. Its
+:meth:`~TrainingStudy.run` is the fixed sequence every run goes through, and
+the only place in :mod:`ada_loss.experiment` that constructs a
+``chainer.training.Trainer``:
 
-* :func:`open_run`: its folder, ``config.yaml`` and the first ``run.json``
-  (status ``running``; ``--resume`` keeps ``started``);
-* :func:`make_updater`: the mixed-precision updater of the loss-scaling mode
-  (ChainerMN's data-parallel one with a communicator);
-* :func:`extend_trainer`: the standard extensions (evaluator, learning-rate
-  schedule, ``observe_lr``, FP32 master weights and random streams in the
-  snapshot, ``snapshot_latest`` + ``snapshot_previous`` written atomically
-  (:mod:`ada_loss.training.snapshot`), LogReport + ``log.csv``, the console
-  reporters and, for ``adaptive``, ``loss_scales.csv``);
-* :func:`run_trainer`: the training loop; a
-  :class:`~ada_loss.scaling.NonFiniteGradientError` (overflow in a mode that
-  cannot skip steps) ends the run as ``diverged``, and the log is summarized
-  into ``run.json`` (:func:`summarize`).
+1. :meth:`~TrainingStudy.setup` (hook): what the study resolves for the cell
+   (its config, loss-scaling mode, precision, seed, log section), a
+   :class:`Run`;
+2. :func:`open_run`: its folder, ``config.yaml`` and the first ``run.json``
+   (status ``running``; ``--resume`` keeps ``started``), with the fields of
+   :meth:`~TrainingStudy.run_fields` (hook);
+3. seeding (:meth:`~TrainingStudy.seed`), data
+   (:meth:`~TrainingStudy.load_data`), the model
+   (:meth:`~TrainingStudy.model`), the datasets
+   (:meth:`~TrainingStudy.datasets`), the optimizer
+   (:meth:`~TrainingStudy.optimizer`), all hooks;
+4. data parallelism (:func:`scatter`), the iterators
+   (:meth:`~TrainingStudy.iterators`), the loss scaling
+   (:func:`make_scaling`), the updater (:meth:`~TrainingStudy.updater`,
+   by default :func:`make_updater`: the mixed-precision updater of the mode,
+   ChainerMN's data-parallel one with a communicator), the stop trigger
+   (:meth:`~TrainingStudy.stop`);
+5. the Trainer and :func:`extend_trainer`: the standard extensions
+   (the study's evaluator and learning-rate schedule (hooks), ``observe_lr``,
+   FP32 master weights and random streams in the snapshot,
+   ``snapshot_latest`` + ``snapshot_previous`` written atomically
+   (:mod:`ada_loss.training.snapshot`), LogReport + ``log.csv``, the console
+   reporters of :attr:`~TrainingStudy.print_keys`, the PlotReports of
+   :attr:`~TrainingStudy.plots` and, for layer-wise modes,
+   ``loss_scales.csv``), then the study's own (:meth:`~TrainingStudy.extend`);
+6. :func:`run_trainer`: the training loop; a
+   :class:`~ada_loss.errors.NonFiniteGradientError` (overflow in a mode that
+   cannot skip steps) ends the run as ``diverged``, as does a value of
+   :meth:`~TrainingStudy.final_values` that is not finite at the end; the
+   study's :meth:`~TrainingStudy.metrics` and the updater's counters go into
+   ``run.json`` (:func:`summarize`).
 
 Writers (LogReport, snapshot, ``run.json``) are only on rank 0 (``comm``
 None or rank 0); extension names match on every rank, so a snapshot written
@@ -28,6 +49,7 @@ import datetime
 import io
 import math
 import os
+import random
 import shutil
 import sys
 from typing import Literal, Optional
@@ -47,8 +69,10 @@ from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.config import setting
 from ada_loss.experiment.plots import plot_loss_scales
+from ada_loss.experiment.runner import Study
 from ada_loss.errors import NonFiniteGradientError
-from ada_loss.scaling import make_loss_scaling, parse_mode
+from ada_loss.precision import parse_precision
+from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import MixedPrecisionUpdater
 from ada_loss.training import extensions as AE
 from ada_loss.training.random_states import RandomStates, SerialIterator
@@ -56,11 +80,11 @@ from ada_loss.training.seeded_iterator import SeededIterator
 from ada_loss.training.snapshot import Snapshot, snapshot_candidates
 from ada_loss.training.tensorboard import TensorBoardWriter, run_hparams
 from ada_loss.training.hooks import add_weight_decay
-from ada_loss.training.precision import setup_optimizer
+from ada_loss.training.precision_setup import setup_optimizer
 from ada_loss.training.distributed import (
     DistributedMixedPrecisionUpdater, create_multi_node_optimizer,
     prime_multi_node_optimizer)
-from ada_loss.training.triggers import IntervalOrEnd
+from ada_loss.training.triggers import IntervalOrEnd, StopAt
 
 
 def now():
@@ -169,11 +193,12 @@ def make_scaling(mode, precision, log_cfg, comm=None):
         return RecordingLossScaling(scaling, every=log_cfg.record_every)
     if log_cfg.probe_every is None:
         return scaling
-    spec = parse_mode(mode)
-    bound = spec.options.get('bound', 'output') \
-        if spec.name == 'adaptive' else None
-    return ProbingLossScaling(scaling, str(spec), log_cfg.probe_every,
-                              spec.options.get('t_uf', 1e-3), bound)
+    # the probe recomputes the bounds with the method's own T_uf and bound
+    # (their defaults are the method's: ada_loss.scaling.methods)
+    options = getattr(scaling, 'options', {})
+    return ProbingLossScaling(
+        scaling, str(parse_mode(mode)), log_cfg.probe_every,
+        **{k: options[k] for k in ('t_uf', 'bound') if k in options})
 
 
 def make_updater(train_iter, optimizer, scaling, spec, comm=None,
@@ -284,6 +309,29 @@ def log_setting(key, default):
     """
     meta = dict(Log.__dataclass_fields__[key].metadata)
     return setting(default, meta.pop('doc'), **meta)
+
+
+def precision_setting():
+    """The ``train.precision`` setting of every training study: a precision
+    of :mod:`ada_loss.precision`, null for the mode's default (float32 for
+    ``fp32``, mixed16 for every other mode); checked against the modes by
+    :func:`check_modes_build`."""
+    return setting(None, 'which format stores what in training (null: '
+                   'float32 for fp32, mixed16 for every other mode)')
+
+
+def check_modes_build(modes, precisions):
+    """Every mode builds in every precision it runs in
+    (:func:`ada_loss.scaling.make_loss_scaling`): ``modes`` is ``[(key,
+    mode)]``, ``key`` the config key named in the ConfigError (``fp32`` runs
+    only in float32; a fixed scale must be below the gradient format's
+    largest value; options must suit the mode)."""
+    for key, mode in modes:
+        try:
+            for precision in precisions:
+                make_loss_scaling(mode, resolve_precision(mode, precision))
+        except ValueError as e:
+            raise C.ConfigError(key, 'mode {}: {}'.format(mode, e))
 
 
 class _Console(object):
@@ -447,3 +495,205 @@ def scatter(train, test, batchsize, comm, seed, what='batchsize'):
     if test is not None:
         test = chainermn.scatter_dataset(test, comm)
     return train, test, batchsize
+
+
+# -- the recipe ----------------------------------------------------------------------
+class Run(object):
+    """One run being built: what :meth:`TrainingStudy.setup` resolved for a
+    cell (``cfg``, ``cell``, ``config``: the cell's config, ``mode``: the
+    :class:`~ada_loss.scaling.LossScalingSpec`, ``precision``: the
+    :class:`~ada_loss.precision.Precision` (:func:`run_precision`),
+    ``seed``, ``log``: the log
+    section, and whatever else the study's hooks need), plus ``folder`` and
+    ``comm``, set by the recipe. Hooks may add attributes."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def run_precision(mode, precision=None):
+    """The :class:`~ada_loss.precision.Precision` a run of ``mode`` trains in
+    (:func:`ada_loss.scaling.resolve_precision`: ``precision``, or the
+    mode's default)."""
+    return parse_precision(resolve_precision(mode, precision))
+
+
+def mode_fields(spec):
+    """The ``run.json`` fields of a loss-scaling mode."""
+    return [('mode', str(spec)), ('mode_name', spec.name),
+            ('mode_options', spec.options)]
+
+
+class TrainingStudy(Study):
+    """A study whose cells train on Chainer's Trainer: :meth:`run` is the one
+    recipe (see the module's docstring); a study overrides the hooks where
+    its runs differ (model, data, evaluator, learning-rate schedule,
+    metrics, report keys)."""
+
+    #: PrintReport columns (``log.progress``)
+    print_keys = ('epoch', 'iteration', 'main/loss', 'validation/main/loss',
+                  'main/accuracy', 'validation/main/accuracy', 'lr',
+                  'loss_scale', 'skipped_steps', 'elapsed_time')
+    #: PlotReports ``(name, keys)``: ``<name>.png`` (``log.plot``)
+    plots = (('Loss', ('main/loss', 'validation/main/loss')),
+             ('Accuracy', ('main/accuracy', 'validation/main/accuracy')))
+    #: observation keys recorded every iteration (``TestHistory``), or None
+    history = None
+    #: what :meth:`final_values` are, in the error of a run they end
+    final_what = 'loss'
+    #: whether ``run.json`` holds the epoch reached
+    records_epoch = True
+    #: the file of what the loss scaling prints while wrapping the model
+    scaling_summary = 'scaling.txt'
+    #: whether ChainerMN ranks evaluate a shard of the test set each (else
+    #: every rank sees all of it)
+    scatter_test = True
+
+    # -- the recipe ------------------------------------------------------------------
+    def run(self, cfg, cell, out, resume=False, comm=None, cache=None):
+        """Trains one cell; writes its folder, returns its ``run.json``
+        dict."""
+        run = self.setup(cfg, cell, comm)
+        run.comm = comm
+        run.folder = folder = self.folder(out, cfg, cell)
+        info, resuming = open_run(
+            folder, self.run_fields(run), getattr(cfg, 'description', ''),
+            C.dump(self.run_config(cfg, cell)), resume, comm)
+        if comm is not None:
+            comm.mpi_comm.Barrier()
+
+        self.seed(run)
+        data = self.load_data(run, cache)
+        model = self.model(run, data)
+        train, test = self.datasets(run, data, model)
+        optimizer = self.optimizer(run, model)
+        train, scattered, batchsize = scatter(
+            train, test if self.scatter_test else None, self.batchsize(run),
+            comm, run.seed, self.batchsize_key)
+        test = scattered if self.scatter_test else test
+        train_iter, test_iter = self.iterators(run, train, test, batchsize)
+        scaling = make_scaling(run.mode, run.precision, run.log, comm)
+        updater = self.updater(run, train_iter, optimizer, scaling)
+        stop = self.stop(run)
+        trainer = chainer.training.Trainer(updater, stop, out=folder)
+        extend_trainer(
+            trainer, stop, run.log,
+            self.evaluator(run, model, test, test_iter),
+            self.lr_schedule(run, optimizer), optimizer, scaling, resuming,
+            comm, history=self.history, print_keys=self.print_keys,
+            plots=self.plots)
+        self.extend(run, trainer)
+
+        def finalize(info, error):
+            values = self.final_values(run, trainer, updater)
+            if error is None and not all(finite(v) for _, v in values):
+                error = 'non-finite {} at the end ({})'.format(
+                    self.final_what, ', '.join(
+                        str(v) if k is None else '{} {}'.format(k, v)
+                        for k, v in values))
+            run.error = error
+            summarize(info, trainer, updater, scaling, error,
+                      lambda diverged: self.metrics(run, trainer, updater,
+                                                    diverged),
+                      epoch=self.records_epoch)
+            self.summarized(run, info, scaling)
+
+        return run_trainer(trainer, updater, info, folder, finalize,
+                           run.log, comm,
+                           threads=getattr(cfg, 'blas_threads', 1))
+
+    # -- hooks -----------------------------------------------------------------------
+    def setup(self, cfg, cell, comm=None):
+        """The :class:`Run` of a cell (default: ``cfg`` itself as its config,
+        the cell's ``mode`` and ``seed``, the precision of ``train.precision``
+        resolved for the mode, ``cfg.log``)."""
+        precision = getattr(getattr(cfg, 'train', None), 'precision', None)
+        return Run(cfg=cfg, cell=cell, config=cfg, mode=cell.mode,
+                   precision=run_precision(cell.mode, precision),
+                   seed=cell.seed, log=cfg.log)
+
+    def run_fields(self, run):
+        """The first fields of ``run.json`` (name, table, the cell, mode,
+        seed, precision, ...), in order."""
+        raise NotImplementedError
+
+    def seed(self, run):
+        """Seeds Python's and NumPy's global random streams (model
+        initialization, shuffling, augmentation)."""
+        random.seed(run.seed)
+        numpy.random.seed(run.seed)
+
+    def load_data(self, run, cache):
+        """The run's data as :meth:`~Study.preload` returned it
+        (``cache``), or loaded now."""
+        raise NotImplementedError
+
+    def model(self, run, data):
+        """The link the optimizer trains and the evaluator runs, in the run's
+        precision."""
+        raise NotImplementedError
+
+    def datasets(self, run, data, model):
+        """``(train, test)`` datasets (``test`` may be None): by default the
+        data as loaded."""
+        return data
+
+    def optimizer(self, run, model):
+        """MomentumSGD with FP32 master weights and weight decay
+        (:func:`build_optimizer`) of ``run.config.train``."""
+        t = run.config.train
+        return build_optimizer(model, run.precision, t.lr, t.momentum,
+                               t.weight_decay, run.comm)
+
+    #: the setting the global batch size comes from (named in errors)
+    batchsize_key = 'batchsize'
+
+    def batchsize(self, run):
+        """The global batch size."""
+        return run.config.train.batchsize
+
+    def iterators(self, run, train, test, batchsize):
+        """``(train_iter, test_iter)``: by default serial iterators on the
+        global random streams (:func:`make_iterator`)."""
+        t = run.config.train
+        return (make_iterator(train, batchsize),
+                make_iterator(test, t.eval_batchsize, repeat=False,
+                              shuffle=False))
+
+    def updater(self, run, train_iter, optimizer, scaling):
+        """The (distributed) mixed-precision updater (:func:`make_updater`);
+        what the scaling prints goes to :attr:`scaling_summary`."""
+        summary = self.scaling_summary and os.path.join(
+            run.folder, self.scaling_summary)
+        return make_updater(train_iter, optimizer, scaling, run.mode,
+                            run.comm, summary)
+
+    def stop(self, run):
+        """The stop trigger: ``train.epochs`` or ``train.max_iterations``."""
+        t = run.config.train
+        return StopAt(epochs=t.epochs, iterations=t.max_iterations)
+
+    def evaluator(self, run, model, test, test_iter):
+        """The ``validation`` extension (Chainer's Evaluator), or None."""
+        return evaluator(test_iter, model, run.comm)
+
+    def lr_schedule(self, run, optimizer):
+        """The learning-rate extension, or None."""
+        return None
+
+    def extend(self, run, trainer):
+        """Extensions of the study's own, after the standard ones."""
+
+    def final_values(self, run, trainer, updater):
+        """``[(label, value)]`` that must be finite at the end of a run that
+        did not diverge (else it is ``diverged``)."""
+        return []
+
+    def metrics(self, run, trainer, updater, diverged):
+        """``[(key, value)]`` of ``run.json`` at the end (before the
+        updater's counters); ``run.error`` is the message of a diverged
+        run."""
+        return []
+
+    def summarized(self, run, info, scaling):
+        """Adds to ``run.json`` after the updater's counters."""

@@ -1,10 +1,7 @@
-"""A precision (:mod:`ada_loss.precision`) applied to a model and its
-optimizer; the precision's names are re-exported here, where users import
-them from."""
+"""A precision (:mod:`ada_loss.precision`) applied to a model
+(:func:`apply_precision`) and its optimizer (:func:`setup_optimizer`)."""
 from ada_loss.links import as_batch_normalization_link, as_gemm_link
-from ada_loss.precision import (  # NOQA (re-exported)
-    PRECISION_HELP, PRECISIONS, Precision, check_precision, chainer_dtype,
-    compute_dtype, dtype_config, parse_precision)
+from ada_loss.precision import parse_precision
 
 
 def apply_precision(model, precision):
