@@ -157,13 +157,13 @@ def test_scaled_precisions_in_the_grid_and_only_filter():
                      'precisions': ['FP8:recipe=delayed,history=16',
                                     'fp8:recipe=current', 'mxfp8']})
     cells = STUDY.cells(cfg)
-    assert [c.precision for c in cells] == [
+    assert [str(c.precision) for c in cells] == [
         'fp8:recipe=delayed,history=16', 'fp8:recipe=current', 'mxfp8']
     # a precision's options after the comma belong to it; names normalized
     sel = runner.select(cells, ['precision=fp8:recipe=delayed,history=16'])
-    assert [c.precision for c in sel] == ['fp8:recipe=delayed,history=16']
+    assert [str(c.precision) for c in sel] == ['fp8:recipe=delayed,history=16']
     sel = runner.select(cells, ['precision=MXFP8|fp8:recipe=current'])
-    assert [c.precision for c in sel] == ['fp8:recipe=current', 'mxfp8']
+    assert [str(c.precision) for c in sel] == ['fp8:recipe=current', 'mxfp8']
     with pytest.raises(C.ConfigError, match='grid.precisions'):
         load(grid={'precisions': ['fp8:recipe=later']})
 
