@@ -281,14 +281,26 @@ def best_fixed(runs, precision, model):
     return best
 
 
+def _present(runs, precision):
+    """The columns of ``COLUMNS`` that have runs of ``precision``."""
+    cols = {_column(mode) for (p, _, mode), rs in runs.items()
+            if p == precision and rs}
+    if any(p == precision and mode.startswith('fixed:')
+           for p, _, mode in runs):
+        cols |= {'Fixed (best)', 'Fixed (held-out)'}
+    return [c for c in COLUMNS if c in cols]
+
+
 def table1(cfg, runs):
+    """Rows = depth; FP32, then per precision the columns that have runs."""
     models = cfg.grid.models
     header = ['Depth']
     if cfg.study.fp32:
         header.append('FP32')
     precisions = [str(p) for p in cfg.grid.precisions]
+    columns = {p: _present(runs, p) for p in precisions}
     for p in precisions:
-        header += ['{} {}'.format(p, c) for c in COLUMNS]
+        header += ['{} {}'.format(p, c) for c in columns[p]]
     lines = ['| ' + ' | '.join(header) + ' |',
              '|' + '---|' * len(header)]
     for m in models:
@@ -302,7 +314,7 @@ def table1(cfg, runs):
                     by_col[_column(mode)] += rs
             mode, s = best_fixed(runs, p, m)
             held, scales = held_out_fixed(runs, p, m)
-            for c in COLUMNS:
+            for c in columns[p]:
                 if c == 'Fixed (best)':
                     row.append(cell_text(s, ' (S={})'.format(
                         mode.split(':')[1])) if s else '—')
