@@ -45,7 +45,9 @@ def test_paired_table_and_columns():
         study=types.SimpleNamespace(fp32=False))
     text = depth.paired(cfg, RUNS)
     # adaptive − held-out per seed: +5, +16, +9 points
-    assert '| resnet110 | fp8_e4m3 | 3 | +10.00 ± 5.57 | 3/3 |' in text
+    assert ('| resnet110 | fp8_e4m3 | 10.00 ± 0.00 (n=3) [94 skipped] | '
+            '53.67 ± 3.21 (n=3) | 43.67 ± 5.51 (n=3) | +10.00 ± 5.57 | 3/3 |'
+            ) in text
     table = depth.table1(cfg, RUNS)
     header = table.splitlines()[0]
     assert 'fp8_e4m3 Adaptive (paper)' in header
