@@ -14,8 +14,8 @@ main = partial(runner.main, STUDY)
 
 def test_precision_sweep_end_to_end(tiny_config, out_dir, capsys):
     path = tiny_config(
-        grid={'modes': ['none', 'adaptive', 'adaptive:bound=product',
-                        'amax'],
+        grid={'modes': ['none', 'adaptive',
+                        'adaptive:guard=false,bound=product', 'amax'],
               'fixed_scales': [16, 64], 'precisions': ['mixed16',
                                                       'fp8_e4m3']},
         train={'max_iterations': 2}, layout='precision')
@@ -25,7 +25,7 @@ def test_precision_sweep_end_to_end(tiny_config, out_dir, capsys):
     rows = [r for r in table.splitlines() if r.startswith('| ')]
     assert rows[0].split('|')[1:-1] == [
         ' Precision ', ' Dataset ', ' Model ', ' None ', ' Fixed (best) ',
-        ' Fixed (worst) ', ' Adaptive ', ' Adaptive (paper bound) ',
+        ' Fixed (worst) ', ' Adaptive ', ' Adaptive (paper) ',
         ' Amax ']
     assert [r.split('|')[1].strip() for r in rows[1:]] == ['mixed16',
                                                            'fp8_e4m3']
