@@ -6,6 +6,7 @@ import types
 
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.studies import depth
+from ada_loss.scaling import parse_mode
 
 
 def _run(seed, acc, skipped=0):
@@ -21,7 +22,8 @@ RUNS = {
         _run(0, 0.50), _run(1, 0.52), _run(2, 0.53)],
     ('fp8_e4m3', 'resnet110', 'adaptive'): [
         _run(0, 0.55), _run(1, 0.56), _run(2, 0.50)],
-    ('fp8_e4m3', 'resnet110', 'adaptive:guard=false'): [
+    # keys as collect() makes them: the modes' canonical text
+    ('fp8_e4m3', 'resnet110', str(parse_mode('adaptive:guard=false'))): [
         _run(0, 0.10, 94), _run(1, 0.10, 94), _run(2, 0.10, 94)],
 }
 

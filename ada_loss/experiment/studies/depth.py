@@ -243,6 +243,7 @@ def paired(cfg, runs, mode='adaptive', paper='adaptive:guard=false'):
     (``paper``) beside the held-out fixed scale, and ``mode`` against it
     paired by seed: the mean difference (points), its sample std, and the
     seeds where ``mode`` is ahead."""
+    mode, paper = str(parse_mode(mode)), str(parse_mode(paper))
     header = ['Depth', 'Precision', 'Adaptive (paper)', 'Adaptive',
               'Fixed (held-out)', 'Adaptive − Fixed (held-out), paired',
               'ahead']
