@@ -5,13 +5,13 @@ import warnings
 import chainer
 import numpy
 
-from ada_loss.adaptive.backward import ScaledBackprop, gemm_key
+from ada_loss.adaptive.backward import NonFinite, ScaledBackprop, gemm_key
 from ada_loss.formats import get_format
 from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.gemm import (
     bound_gain, check_bound, check_scale, gemm_loss_scale, loss_gradient_scale,
-    round_down_pow2)
+    max_abs, round_down_pow2)
 
 
 class AdaLossScaled(object):
@@ -243,8 +243,26 @@ class AdaLossScaled(object):
     def last_nonfinite(self):
         """:data:`ada_loss.adaptive.backward.NonFinite` of the last pass
         (the first GEMM, in backward order, whose entering gradient was
-        non-finite), or None."""
-        return None if self._last_pass is None else self._last_pass.nonfinite
+        non-finite), or None. Float16 gradients are not scanned during the
+        pass (nothing to guard there): for them the first GEMM in backward
+        order whose weight gradient is non-finite is looked up here, which
+        the updater does only for a skipped step."""
+        bp = self._last_pass
+        if bp is None:
+            return None
+        if bp.nonfinite is None:
+            links = dict(self.model.namedlinks())
+            for key in bp.layers:
+                link = links.get('/' + key) if isinstance(key, str) else None
+                W = getattr(link, 'W', None)
+                g = None if W is None else W.grad
+                if g is not None and g.dtype == numpy.float16 and \
+                        isinstance(g, numpy.ndarray) and \
+                        not numpy.isfinite(max_abs(g)):
+                    alpha, origins = bp.entering[key]
+                    bp.nonfinite = NonFinite(key, alpha, max_abs(g), origins)
+                    break
+        return bp.nonfinite
 
     def guarded(self):
         """{(layer, 'in' or 'out'): k} where the guard lowered a gradient's

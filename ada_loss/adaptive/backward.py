@@ -272,8 +272,11 @@ class ScaledBackprop(object):
         #: labels of Chainer GEMM nodes met that are not scale-aware
         self.foreign_gemms = []
         #: :data:`NonFinite` of the first non-finite gradient entering a
-        #: GEMM (host arrays only), or None
+        #: GEMM (host arrays, not float16 ones: see ``_check_entering``),
+        #: or None
         self.nonfinite = None
+        #: {layer: (α, origins)} of the gradient entering each GEMM
+        self.entering = {}
         #: {(layer, 'in' or 'out'): k} for each GEMM whose entering or
         #: produced input gradient the guard lowered by 2^-k
         self.guarded = collections.OrderedDict()
@@ -488,7 +491,14 @@ class ScaledBackprop(object):
         overflow its stored format into range by 2^-k and lowers α by the
         same 2^-k. Returns the (possibly rescaled) gradients and α."""
         g = out_grad[0]
+        self.entering[key] = (alpha, origins)
         fmt = _stored_format(func, g.array)
+        if fmt is _FLOAT16 and g.array.dtype == numpy.float16:
+            # FP16 storage: a finite value cannot overflow its own format,
+            # so there is nothing to guard; a non-finite one shows in this
+            # GEMM's weight gradient, which the caller checks only when the
+            # step is skipped (AdaLossScaled.last_nonfinite): no pass here
+            return out_grad, alpha
         if self.nonfinite is not None and (fmt is None or not self.guard):
             return out_grad, alpha     # nothing left to note or to guard
         peak = _max_abs(g)
