@@ -196,17 +196,7 @@ class _CodePart(object):
             c = numpy.zeros_like(s)
         for i, j, o, e in self._blocks(a, b):
             own = codec.pack(self._own_block(i, j), _codes_scratch(1)[:e - o])
-            si = s[o:e]
-            if not self.kahan:
-                codec.pair_block('add', si, own, si)
-                continue
-            # Accumulator: y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y)
-            ci = c[o:e]
-            y = codec.pair_block('sub', own, ci, _codes_scratch(2)[:e - o])
-            t = codec.pair_block('add', si, y, _codes_scratch(3)[:e - o])
-            codec.pair_block('sub', t, si, si)
-            codec.pair_block('sub', si, y, ci)
-            si[...] = t
+            _accumulate(codec, s[o:e], own, c[o:e] if self.kahan else None)
         self.state = (s, c)
 
     def state_wire(self, with_c):
@@ -234,17 +224,23 @@ class _CodePart(object):
         block = _codes.BLOCK
         for o in range(0, s.size, block):
             e = min(o + block, s.size)
-            si, xi = s[o:e], x[o:e]
-            if not self.kahan:
-                codec.pair_block('add', si, xi, si)
-                continue
-            ci = c[o:e]
-            y = codec.pair_block('sub', xi, ci, _codes_scratch(2)[:e - o])
-            t = codec.pair_block('add', si, y, _codes_scratch(3)[:e - o])
-            codec.pair_block('sub', t, si, si)
-            codec.pair_block('sub', si, y, ci)
-            si[...] = t
+            _accumulate(codec, s[o:e], x[o:e], c[o:e] if self.kahan else None)
         self.state = (s, c)
+
+
+def _accumulate(codec, si, xi, ci):
+    """``si ⊕= xi`` in place on one block of codes; with Kahan compensation
+    codes ``ci`` (updated in place) as the emulation's Accumulator does:
+    y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y); s = t."""
+    if ci is None:
+        codec.pair_block('add', si, xi, si)
+        return
+    n = si.size
+    y = codec.pair_block('sub', xi, ci, _codes_scratch(2)[:n])
+    t = codec.pair_block('add', si, y, _codes_scratch(3)[:n])
+    codec.pair_block('sub', t, si, si)
+    codec.pair_block('sub', si, y, ci)
+    si[...] = t
 
 
 _CODE_SCRATCH = []

@@ -31,7 +31,6 @@ values); MX quantizes per GEMM.
 """
 import collections
 
-import numpy
 
 from ada_loss.formats.float_format import get_format
 from ada_loss.formats.mx import SCALE_ROUNDINGS, quantize_mx
