@@ -414,7 +414,6 @@ class ScaledBackprop(object):
                 x = func.get_retained_inputs()[0].array
                 gamma = self.weight_scale(func, func.gemm_weight(), x,
                                           out_grad[0].array, alpha)
-            self.gemm_records[func.scale_key] = (alpha, beta)
         elif isinstance(func, FOREIGN_GEMMS):
             self.foreign_gemms.append('{} {}'.format(
                 func.label, tuple(x.shape for x in inputs)))
@@ -447,7 +446,7 @@ class ScaledBackprop(object):
                     beta / input_grad_scale)))
                 beta = input_grad_scale
                 in_scales[0] = self.scales.product(alpha, beta)
-                self.gemm_records[func.scale_key] = (alpha, beta)
+            self.gemm_records[func.scale_key] = (alpha, beta)
             for i in range(1, len(inputs)):
                 in_scales[i] = self.scales.product(alpha, weight_grad_scale)
         else:
