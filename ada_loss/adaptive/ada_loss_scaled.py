@@ -1,5 +1,6 @@
 """Adaptive loss scaling for an unmodified Chainer model (paper §3)."""
 import collections
+import math
 import warnings
 
 import chainer
@@ -103,6 +104,12 @@ class AdaLossScaled(object):
         self.max_accum_scale = max_accum_scale
         self.guard = guard
         self.backoff_window = int(backoff_window)
+        # a layer's backoff stops at the format's range in binades (u_min to
+        # u_max): lowering a scale further maps every value that fit before
+        # to zero (and a long run of bad steps would otherwise take ever
+        # longer to relax)
+        self._max_backoff = int(math.ceil(math.log2(
+            self.fmt.u_max / self.fmt.u_min)))
         self.iteration = 0
         self._betas = {}
         # the backoff (guard): {layer: k} (β times 2^-k), consecutive
@@ -151,7 +158,7 @@ class AdaLossScaled(object):
         beta = self._layer_scale(func, key, W, g, alpha)
         k = self._backoff.get(key, 0)
         if k:
-            beta = beta * 2.0 ** -k
+            beta = _backed_off(beta, k, alpha)
         return self._cap_accum(alpha, beta)
 
     def _layer_scale(self, func, key, W, g, alpha):
@@ -220,7 +227,7 @@ class AdaLossScaled(object):
         init_scale = self.init_scale
         k = self._backoff.get(LOSS, 0)
         if k:
-            init_scale = init_scale * 2.0 ** -k
+            init_scale = _backed_off(init_scale, k, 1.0)
         bp = ScaledBackprop(self._gemm_scale, self.fmt.u_max, self._observe,
                             self._weight_scale, entry, guard=guard)
         bp.run(loss, init_scale)
@@ -243,25 +250,25 @@ class AdaLossScaled(object):
     def last_nonfinite(self):
         """:data:`ada_loss.adaptive.backward.NonFinite` of the last pass
         (the first GEMM, in backward order, whose entering gradient was
-        non-finite), or None. Float16 gradients are not scanned during the
-        pass (nothing to guard there): for them the first GEMM in backward
-        order whose weight gradient is non-finite is looked up here, which
-        the updater does only for a skipped step."""
+        non-finite or overflowed its stored format), or None. Float16
+        gradients are not scanned during the pass (nothing to guard there):
+        for them the first GEMM *use* in backward order whose weight or bias
+        gradient contribution is non-finite is looked up here (per use, so
+        that a layer whose weights are shared is not named for another
+        layer's overflow), which the updater does only for a skipped
+        step."""
         bp = self._last_pass
         if bp is None:
             return None
         if bp.nonfinite is None:
-            links = dict(self.model.namedlinks())
-            for key in bp.layers:
-                link = links.get('/' + key) if isinstance(key, str) else None
-                W = getattr(link, 'W', None)
-                g = None if W is None else W.grad
-                if g is not None and g.dtype == numpy.float16 and \
-                        isinstance(g, numpy.ndarray) and \
-                        not numpy.isfinite(max_abs(g)):
-                    alpha, origins = bp.entering[key]
-                    bp.nonfinite = NonFinite(key, alpha, max_abs(g), origins)
-                    break
+            for use in bp.uses:
+                for g in use.params:
+                    if g.dtype == numpy.float16 and \
+                            isinstance(g, numpy.ndarray) and \
+                            not numpy.isfinite(max_abs(g)):
+                        bp.nonfinite = NonFinite(use.layer, use.alpha,
+                                                 max_abs(g), use.origins)
+                        return bp.nonfinite
         return bp.nonfinite
 
     def guarded(self):
@@ -284,7 +291,14 @@ class AdaLossScaled(object):
         steps in a row are scaled alike and a run cannot skip forever; each
         ``backoff_window`` clean steps relax every layer's backoff by one
         power of two."""
-        if not self.guard:
+        bp = self._last_pass
+        if not self.guard or (bp is not None and not bp.guard):
+            return     # no backoff where the pass ran unguarded (a device)
+        if skipped and bp is not None and not bp.loss_finite:
+            # a bad batch (the loss itself is Inf/NaN: NaN inputs, a forward
+            # overflow): no scale caused it and none can fix it, so the
+            # scales are left as they are (backing every layer off for it
+            # would only underflow the next clean batches)
             return
         if not skipped:
             self._skip_run = 0
@@ -301,8 +315,8 @@ class AdaLossScaled(object):
         if not layers:
             layers = list(self._last_pass.layers) + [LOSS]
         for layer in layers:
-            self._backoff[layer] = self._backoff.get(layer, 0) \
-                + self._skip_run
+            self._backoff[layer] = min(self._backoff.get(layer, 0)
+                                       + self._skip_run, self._max_backoff)
 
     def loss_scales(self):
         """{layer path: α used for that layer's weight update} (last pass).
@@ -370,6 +384,25 @@ class AdaLossScaled(object):
 
 #: the backoff's key for α_{N+1}, the loss gradient's scale
 LOSS = '(loss)'
+
+#: The backoff never takes a gradient's scale α below this (2^-24): with
+#: it, a leaf's α stays a normal FP32 number (Chainer divides the FP32
+#: gradient by it: an α that underflows FP32 gives 0/0 = NaN weights), and a
+#: scale that low already maps every gradient of magnitude < 2^24·u_min to
+#: zero, so lowering it further can only destroy gradients.
+MIN_BACKOFF_SCALE = 2.0 ** -24
+
+
+def _backed_off(beta, k, alpha):
+    """β lowered by the backoff 2^-k, but not so far that α·β falls below
+    :data:`MIN_BACKOFF_SCALE` (a β that Algorithm 4 itself chose lower
+    is kept)."""
+    lowered = beta * 2.0 ** -k
+    if is_device_scalar(alpha) or is_device_scalar(beta):
+        return lowered
+    if alpha * lowered >= MIN_BACKOFF_SCALE:
+        return lowered
+    return min(beta, 2.0 ** math.ceil(math.log2(MIN_BACKOFF_SCALE / alpha)))
 
 
 class _LossGradientMoments(object):

@@ -55,6 +55,7 @@ from ada_loss.formats.widen import widen
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.loss_scale.branch import common_scale
+from ada_loss.loss_scale.fit import fit_ratio, overflows  # NOQA (re-exported)
 from ada_loss.loss_scale.gemm import max_abs
 
 #: Chainer's own GEMM nodes: they work, but pass the scale through (β = 1).
@@ -80,6 +81,13 @@ def gemm_key(func):
     return ('unnamed', id(func.inputs[1]))
 
 
+#: One GEMM node met by a pass: its layer, the scale α and origins (the
+#: GEMM layers it came from) of the gradient entering it, and the arrays of
+#: the weight and bias gradients this use contributed (a shared layer's
+#: leaves sum several uses: a non-finite sum is located per use).
+GemmUse = collections.namedtuple('GemmUse',
+                                 ('layer', 'alpha', 'origins', 'params'))
+
 #: The first non-finite gradient of a pass, in backward order: the GEMM
 #: layer it entered, the scale α it was carried at, its largest magnitude
 #: (Inf or NaN) and the GEMM layers whose input gradients it came from
@@ -98,31 +106,6 @@ def _stored_format(func, g):
     if g.dtype == numpy.float16:
         return _FLOAT16
     return None
-
-
-def _overflows(value, fmt):
-    """Whether the float32 ``value`` (≥ 0) overflows when rounded to
-    ``fmt``: rounds to Inf/NaN, or to ±u_max in a format that saturates
-    (where the updater counts u_max as an overflow)."""
-    q = float(fmt.quantize(numpy.array([value], numpy.float32))[0])
-    return not math.isfinite(q) or (fmt.saturates and q >= fmt.u_max)
-
-
-def fit_ratio(peak, fmt):
-    """The largest power of two 2^-k (k ≥ 0) with ``2^-k · peak`` not
-    overflowing ``fmt`` when rounded (1 if ``peak`` does not); ``peak``
-    must be finite."""
-    if not math.isfinite(peak):
-        raise ValueError('fit_ratio needs a finite peak, got {!r}'.format(
-            peak))
-    ratio = 1.0
-    if _overflows(peak, fmt):
-        # peak / u_max < 2^e: 2^-e brings it below u_max; then check it
-        # rounds into range (u_max itself saturates some formats)
-        ratio = 2.0 ** -math.frexp(peak / fmt.u_max)[1]
-        while _overflows(peak * ratio, fmt):
-            ratio /= 2.0
-    return ratio
 
 
 class HostScales(object):
@@ -275,8 +258,9 @@ class ScaledBackprop(object):
         #: GEMM (host arrays, not float16 ones: see ``_check_entering``),
         #: or None
         self.nonfinite = None
-        #: {layer: (α, origins)} of the gradient entering each GEMM
-        self.entering = {}
+        #: one :data:`GemmUse` per GEMM node of the pass, backward order (a
+        #: layer whose weights are shared appears once per use)
+        self.uses = []
         #: {(layer, 'in' or 'out'): k} for each GEMM whose entering or
         #: produced input gradient the guard lowered by 2^-k
         self.guarded = collections.OrderedDict()
@@ -317,6 +301,10 @@ class ScaledBackprop(object):
                     '{}'.format(loss.shape))
             xp = backend.get_array_module(loss.array)
             gy = chainer.Variable(xp.ones_like(loss.array), requires_grad=False)
+        #: whether the loss itself is finite (a bad batch is not a scale's
+        #: fault: the backoff leaves the scales alone; host arrays only)
+        self.loss_finite = not isinstance(loss.array, numpy.ndarray) or \
+            bool(numpy.isfinite(loss.array).all())
         # one representation of the scales for the whole pass
         self.scales = HostScales if isinstance(gy.array, numpy.ndarray) \
             else DeviceScales
@@ -396,6 +384,7 @@ class ScaledBackprop(object):
             if host:
                 out_grad, alpha = self._check_entering(
                     func, key, out_grad, alpha, origins)
+            entering_alpha = alpha
         in_scales = [alpha] * len(inputs)
         if is_gemm:
             if direct:
@@ -449,6 +438,11 @@ class ScaledBackprop(object):
             self.gemm_records[func.scale_key] = (alpha, beta)
             for i in range(1, len(inputs)):
                 in_scales[i] = self.scales.product(alpha, weight_grad_scale)
+            by_input = dict(zip(targets, gxs)) if len(gxs) != len(inputs) \
+                else dict(enumerate(gxs))
+            self.uses.append(GemmUse(key, entering_alpha, origins, tuple(
+                by_input[i].array for i in (1, 2)
+                if by_input.get(i) is not None)))
         else:
             gxs = func.backward(targets, out_grad)
         for hook in hooks:
@@ -485,12 +479,14 @@ class ScaledBackprop(object):
                 add_cand(x.creator_node)
 
     def _check_entering(self, func, key, out_grad, alpha, origins):
-        """The gradient entering a GEMM (host arrays): notes the first
-        non-finite one of the pass; with the guard, brings one that would
-        overflow its stored format into range by 2^-k and lowers α by the
-        same 2^-k. Returns the (possibly rescaled) gradients and α."""
+        """The gradient entering a GEMM (host arrays), decided on the value
+        the GEMM stores (its rounding to the stored format): notes the
+        first one of the pass that is non-finite or overflows when rounded
+        (without the guard it is this GEMM's rounding that overflows, so
+        this GEMM is named, with the value stored); with the guard, brings
+        one that would overflow into range by 2^-k and lowers α by the same
+        2^-k. Returns the (possibly rescaled) gradients and α."""
         g = out_grad[0]
-        self.entering[key] = (alpha, origins)
         fmt = _stored_format(func, g.array)
         if fmt is _FLOAT16 and g.array.dtype == numpy.float16:
             # FP16 storage: a finite value cannot overflow its own format,
@@ -505,10 +501,16 @@ class ScaledBackprop(object):
             if self.nonfinite is None:
                 self.nonfinite = NonFinite(key, alpha, peak, origins)
             return out_grad, alpha
-        if not self.guard or fmt is None:
+        if fmt is None:
             return out_grad, alpha
         ratio = fit_ratio(peak, fmt)
         if ratio == 1:
+            return out_grad, alpha
+        if not self.guard:
+            if self.nonfinite is None:
+                stored = float(fmt.quantize(numpy.array([peak],
+                                                        numpy.float32))[0])
+                self.nonfinite = NonFinite(key, alpha, stored, origins)
             return out_grad, alpha
         self.guarded[(key, 'in')] = -int(math.log2(ratio))
         return (HostScales.rescale(g, ratio),) + tuple(out_grad[1:]), \

@@ -21,20 +21,32 @@ gradient has the dtype of its own input, whatever the mix of float16,
 float32 and float64 inputs.
 """
 import collections
+import math
 
 import numpy
 
 import chainer
 from chainer import function_node
 
+from ada_loss.formats import get_format
 from ada_loss.formats.widen import widen
 from ada_loss.functions.fp16_gemm import emulates_fp16_gemm, round_to
 from ada_loss.functions.scales import (  # NOQA (is_device_scalar re-exported)
     is_device_scalar, scaled)
-from ada_loss.loss_scale.gemm import grad_input_gain
+from ada_loss.loss_scale.fit import fit_ratio
+from ada_loss.loss_scale.gemm import grad_input_gain, max_abs
 
-#: largest finite float16
-_FP16_MAX = 65504.0
+_FLOAT16 = get_format('float16')
+
+
+def _fit_ratio(y, scale, fmt):
+    """The power of two (≤ 1) by which ``scale · y`` must be lowered so
+    that rounding it to ``fmt`` does not overflow; 1 for an empty or
+    non-finite ``y`` (nothing a power of two could fit)."""
+    peak = max_abs(y) * float(scale)
+    if not math.isfinite(peak):
+        return 1.0
+    return fit_ratio(peak, fmt)
 
 
 def _widened(inputs):
@@ -102,13 +114,15 @@ class ScaledOutput(object):
         return _times(super(ScaledOutput, self).backward(
             indexes, grad_outputs), self.output_scale)
 
-    def _fit(self, y, u_max):
+    def _fit(self, y, fmt):
+        """The scale ``y`` (the FP32 accumulator) is rounded to ``fmt`` at:
+        ``output_scale``, lowered with ``fit_output`` by the largest power
+        of two that keeps the *rounded* result from overflowing
+        (:func:`~ada_loss.loss_scale.fit.fit_ratio`: a result that rounds
+        to a finite value is left alone, even at u_max)."""
         scale = self.output_scale
         if self.fit_output:
-            peak = float(abs(y).max()) if y.size else 0.0
-            while peak * scale >= u_max and numpy.isfinite(peak) and \
-                    scale > 2.0 ** -126:
-                scale /= 2.0
+            scale = scale * _fit_ratio(y, scale, fmt)
         self.applied_scale = scale
         return scale
 
@@ -120,13 +134,13 @@ class ScaledOutput(object):
             # accumulators stores.
             ys = super(ScaledOutput, self).forward(inputs)
             return tuple(round_to_format(
-                y, self.out_format, self._fit(y, self.out_format.u_max))
+                y, self.out_format, self._fit(y, self.out_format))
                 for y in ys)
         if emulates_fp16_gemm(inputs):
             dtype = self.result_dtype(inputs)
             ys = self.forward_accumulator(_widened(inputs))
             if dtype == numpy.float16:
-                return tuple(round_to(y, dtype, self._fit(y, _FP16_MAX))
+                return tuple(round_to(y, dtype, self._fit(y, _FLOAT16))
                              for y in ys)
             # Mixed dtypes with a wider result: NumPy would widen the FP16
             # operand exactly, as done here; then Chainer's result dtype.
@@ -182,22 +196,36 @@ def quantize(x, fmt):
 class BiasGrad(function_node.FunctionNode):
     """Bias gradient: ``scale · Σ gy`` over ``axis``, accumulated in FP32 for
     float16, then rounded to ``out_format`` if one is given (emulated
-    precisions). Its dtype is gy's (Chainer requires b's dtype to be x's)."""
+    precisions). Its dtype is gy's (Chainer requires b's dtype to be x's).
 
-    def __init__(self, axis, out_format=None, scale=1):
+    ``fit_output``: as :class:`ScaledOutput`'s, a sum whose rounding to the
+    stored format (``out_format``, FP16 for float16) would overflow is
+    produced at ``scale`` lowered by a power of two; ``applied_scale`` is
+    the scale it was produced at."""
+
+    def __init__(self, axis, out_format=None, scale=1, fit_output=False):
         self.axis = axis
         self.out_format = out_format
         self.scale = scale
+        self.fit_output = bool(fit_output)
+        self.applied_scale = scale
+
+    def _fitted(self, acc, fmt):
+        if self.fit_output:
+            self.applied_scale = self.scale * _fit_ratio(acc, self.scale,
+                                                         fmt)
+        return self.applied_scale
 
     def forward(self, inputs):
         gy, = inputs
         self._shape = gy.shape
         if self.out_format is not None and gy.dtype == numpy.float32:
-            return round_to_format(chainer.utils.force_array(
-                gy.sum(axis=self.axis)), self.out_format, self.scale),
+            acc = chainer.utils.force_array(gy.sum(axis=self.axis))
+            return round_to_format(acc, self.out_format,
+                                   self._fitted(acc, self.out_format)),
         if gy.dtype == numpy.float16:
-            return round_to(gy.sum(axis=self.axis, dtype=numpy.float32),
-                            gy.dtype, self.scale),
+            acc = gy.sum(axis=self.axis, dtype=numpy.float32)
+            return round_to(acc, gy.dtype, self._fitted(acc, _FLOAT16)),
         return scaled(chainer.utils.force_array(gy.sum(axis=self.axis)),
                       self.scale),
 
@@ -209,8 +237,11 @@ class BiasGrad(function_node.FunctionNode):
             ggb.reshape(shape), self._shape),), self.scale)
 
 
-def bias_grad(gy, axis, out_format=None, scale=1):
-    return BiasGrad(axis, out_format, scale).apply((gy,))[0]
+def bias_grad(gy, axis, out_format=None, scale=1, fit=False):
+    """(gb, the scale gb was produced at): see :class:`BiasGrad`."""
+    node = BiasGrad(axis, out_format, scale, fit)
+    gb, = node.apply((gy,))
+    return gb, node.applied_scale
 
 
 #: What :meth:`GemmFunction.backward_scaled` returns: the gradients (one per
@@ -385,15 +416,26 @@ class GemmFunction(object):
             gx, input_grad_scale = self.grad_input(x, W_d, gy_d, input_scale,
                                                    fit_input_grad)
             ret.append(gx)
+        # W and b share one scale (one α per layer): with fitting, the bias
+        # sum (cheap) is fitted first and gW produced at most at its scale;
+        # the bias is redone in the rare case that gW had to go lower still
         weight_grad_scale = weight_scale
-        if 1 in indexes:
-            gW, weight_grad_scale = self.grad_weight(
-                x_w, W, gy_w, weight_scale, fit_weight_grad)
-            ret.append(gW)
+        gb = None
         if 2 in indexes:
-            # the bias gradient shares the weight gradient's scale
-            ret.append(bias_grad(gy_b, self.bias_axis, self.grad_format,
-                                 weight_grad_scale))
+            gb, weight_grad_scale = bias_grad(
+                gy_b, self.bias_axis, self.grad_format, weight_scale,
+                fit_weight_grad)
+        if 1 in indexes:
+            gW, w_scale = self.grad_weight(x_w, W, gy_w, weight_grad_scale,
+                                           fit_weight_grad)
+            ret.append(gW)
+            if gb is not None and w_scale is not weight_grad_scale and \
+                    w_scale != weight_grad_scale:
+                gb, _ = bias_grad(gy_b, self.bias_axis, self.grad_format,
+                                  w_scale)
+            weight_grad_scale = w_scale
+        if gb is not None:
+            ret.append(gb)
         return GemmGrads(tuple(ret), input_grad_scale, weight_grad_scale)
 
 
