@@ -305,6 +305,10 @@ class ScaledBackprop(object):
         #: fault: the backoff leaves the scales alone; host arrays only)
         self.loss_finite = not isinstance(loss.array, numpy.ndarray) or \
             bool(numpy.isfinite(loss.array).all())
+        if not self.loss_finite:
+            # a bad batch says nothing of the gradients' magnitudes: nothing
+            # is observed (the amax histories are left as they are)
+            self.observe = None
         # one representation of the scales for the whole pass
         self.scales = HostScales if isinstance(gy.array, numpy.ndarray) \
             else DeviceScales

@@ -14,7 +14,11 @@ Sources: TE's ``transformer_engine/common/recipe/__init__.py``
   computed from the amaxes of the previous ``history`` steps (their max,
   TE's ``amax_compute_algo="max"``), ``scale = fmt_max / amax / 2^margin``;
   an amax of 0 or non-finite keeps the previous scale; the first step uses
-  scale 1. Defaults as TE's: history 1024, margin 0.
+  scale 1. Defaults as TE's: history 1024, margin 0. Amaxes are reduced
+  with ``fmaxf`` as TE's kernels do (a NaN entry is ignored); every step's
+  amax is recorded and the window rolls every step, 0 included (TE's
+  ``amax_and_scale_update`` kernel rolls unconditionally; a window of
+  zeros keeps the previous scale).
 * **The cast** (:func:`quantize_with_scale`): ``x · scale`` in FP32,
   saturated to ± fmt_max (TE casts with CUDA's ``__NV_SATFINITE``: with a
   delayed scale a tensor can exceed the history's amax), rounded to
@@ -49,12 +53,16 @@ def _pow2_floor(scale):
 
 
 def amax_of(x):
-    """max |x| as a Python float (NaN if x holds NaN; 0 for an empty x)."""
+    """max |x| as a Python float, reduced as TE's amax kernels reduce
+    (``fmaxf``: a NaN entry is ignored, so one NaN does not poison the
+    amax history of delayed scaling for ``history`` steps); 0 for an empty
+    or all-NaN x; +Inf where x holds ±Inf."""
     if x.size == 0:
         return 0.0
     xp = array_module(x)
-    with numpy.errstate(invalid='ignore'):
-        return float(xp.abs(x).max())
+    a = xp.abs(x).ravel()
+    amax = float(xp.fmax.reduce(a)) if xp is numpy else float(xp.nanmax(a))
+    return 0.0 if amax != amax else amax
 
 
 def current_scale(amax, element, pow2=False):
@@ -77,8 +85,9 @@ def delayed_scale(amax_history, previous, element, margin=DEFAULT_MARGIN,
     """TE's delayed scaling: ``fmt_max / max(history) / 2^margin`` (FP32),
     ``previous`` where that amax is 0 or non-finite. Returns a float32."""
     fmt_max = _F32(get_format(element).u_max)
-    with numpy.errstate(invalid='ignore'):
-        amax = _F32(numpy.max(numpy.asarray(amax_history, _F32)))
+    # TE's update kernel reduces the history with fmaxf (NaN ignored)
+    amax = _F32(numpy.fmax.reduce(numpy.asarray(amax_history,
+                                                _F32).ravel()))
     if not numpy.isfinite(amax) or amax == 0:
         return _F32(previous)
     with numpy.errstate(over='ignore'):

@@ -13,19 +13,27 @@ from ada_loss.training.skips import SkipRecord, locate_nonfinite
 def _format_params(model):
     """ids of the parameters whose gradients are stored in an emulated
     format: those of GEMM links with a backward format (``gemm_formats``,
-    :func:`ada_loss.training.apply_precision`). None if the model
-    has no such link (then every gradient is taken to be in the format)."""
-    ids = set()
+    :func:`ada_loss.training.apply_precision`). None if no link of the
+    model was given a precision (then every gradient is taken to be in the
+    format); an empty set under a scaled recipe whose GEMMs produce FP32
+    gradients (per-tensor FP8, MX: no parameter gradient is stored in the
+    element format, so none can be saturated in it)."""
+    ids, declared = set(), False
     for link in model.links():
         formats = getattr(link, 'gemm_formats', None)
+        if formats is not None or getattr(link, 'gemm_scaling',
+                                          None) is not None:
+            declared = True
         if formats is not None and formats[1] is not None:
             ids.update(id(p) for p in link.params(include_uninit=False))
-    return ids or None
+    return ids if declared else None
 
 
-def _overflowed(param, fmt, in_format):
-    """Whether one gradient overflowed: one vectorized reduction."""
-    g = param.grad
+def _overflowed(param, fmt, in_format, g=None):
+    """Whether one gradient (``param.grad``, or the array ``g`` given for
+    it) overflowed: one vectorized reduction."""
+    if g is None:
+        g = param.grad
     if g is None:
         return False
     xp = backend.get_array_module(g)
@@ -156,7 +164,7 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         in_format = _format_params(model) if fmt is not None and \
             fmt.saturates else None
         return locate_nonfinite(
-            model, loss, lambda p: _overflowed(p, fmt, in_format),
+            model, loss, lambda p, g: _overflowed(p, fmt, in_format, g),
             self.loss_scaling.scale)
 
     def finish_step(self, finite, apply, where=None, **observations):

@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from ada_loss.formats.per_tensor import amax_of
 from ada_loss.formats import (DelayedScaling, current_scale, delayed_scale,
                               quantize_per_tensor, quantize_with_scale)
 
@@ -98,7 +99,8 @@ def test_delayed_scaling_recipe():
     h = F32([1.0, 5.0, 0.0, 2.0])
     assert delayed_scale(h, 7.0, 'float8_e4m3fn') == F32(448) / F32(5)
     assert delayed_scale(F32([0, 0]), 7.0, 'float8_e4m3fn') == F32(7)
-    assert delayed_scale(F32([1, np.nan]), 7.0, 'float8_e4m3fn') == F32(7)
+    # TE reduces the history with fmaxf: a NaN entry is ignored
+    assert delayed_scale(F32([1, np.nan]), 7.0, 'float8_e4m3fn') == F32(448)
 
 
 def test_delayed_scaling_saturates_beyond_history():
@@ -107,3 +109,20 @@ def test_delayed_scaling_saturates_beyond_history():
     y = d.quantize(F32([10.0, 0.5]))
     assert y[0] == F32(448) * (F32(1) / F32(448)) and y[1] == 0.5
     assert d.scale == F32(448) / F32(10)
+
+
+def test_one_nan_does_not_freeze_delayed_scaling():
+    """Issue 38, defect 8: TE reduces amaxes with fmaxf (NaN ignored); one
+    NaN entry used to freeze the scale for the whole history (1024 steps)
+    while the tensors grew and saturated."""
+    d = DelayedScaling('float8_e4m3fn')
+    d.quantize(F32([1.0, 2.0]))
+    assert d.scale == F32(448) / F32(2)
+    y = d.quantize(F32([np.nan, 4.0]))
+    assert np.isnan(y[0])                  # the NaN itself stays visible
+    assert d.scale == F32(448) / F32(4)    # its amax is 4, not NaN
+    d.quantize(F32([8.0]))
+    assert d.scale == F32(448) / F32(8)
+    assert amax_of(F32([np.nan, np.nan])) == 0.0
+    assert amax_of(F32([np.nan, -3.0])) == 3.0
+    assert amax_of(F32([np.inf, 1.0])) == np.inf

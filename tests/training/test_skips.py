@@ -53,15 +53,15 @@ def test_locate_names_the_first_nonfinite_parameter_in_backward_order():
     model.a.W.grad[0, 0] = np.inf      # b's is finite, a's is not, c too
     model.c.b.grad[0] = np.nan
     layer, alpha, peak = locate_nonfinite(
-        model, loss, lambda p: not np.isfinite(p.grad).all(), 8.0)
+        model, loss, lambda p, g: not np.isfinite(g).all(), 8.0)
     assert layer == 'c' and alpha == 8.0 and np.isnan(peak)
     model.c.b.grad[0] = 0
     layer, _, peak = locate_nonfinite(
-        model, loss, lambda p: not np.isfinite(p.grad).all(), 8.0)
+        model, loss, lambda p, g: not np.isfinite(g).all(), 8.0)
     assert layer == 'a' and peak == np.inf
     model.a.W.grad[0, 0] = 0
     assert locate_nonfinite(model, loss,
-                            lambda p: not np.isfinite(p.grad).all(),
+                            lambda p, g: not np.isfinite(g).all(),
                             8.0)[0] == ''
 
 
