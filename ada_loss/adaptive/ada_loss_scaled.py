@@ -10,6 +10,7 @@ from ada_loss.adaptive.backward import NonFinite, ScaledBackprop, gemm_key
 from ada_loss.formats import get_format
 from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.links import as_gemm_link
+from ada_loss.loss_scale.fit import top_binade_scale
 from ada_loss.loss_scale.gemm import (
     bound_gain, check_bound, check_scale, gemm_loss_scale, loss_gradient_scale,
     max_abs, round_down_pow2)
@@ -36,6 +37,11 @@ class AdaLossScaled(object):
             (:func:`~ada_loss.loss_scale.gemm.loss_gradient_scale`), measured
             on the pass before each β update so that the new α_{N+1} and the
             new β's (which depend on it) start together; CPU only for now.
+            ``'amax'`` (*not in the paper*): the same, but α_{N+1} puts the
+            loss gradient's largest entry into the format's top binade
+            (:func:`~ada_loss.loss_scale.fit.top_binade_scale`): a softmax
+            gradient is one large entry per row and many tiny ones, which
+            Eq. 1's Gaussian does not model.
         t_uf (float): T_uf, the allowed underflow rate (§3.2.1).
         update_interval (int): recompute β every this many backward passes
             and reuse the last β in between (§4.3).
@@ -72,11 +78,15 @@ class AdaLossScaled(object):
                  fmt='float16', bound='output',
                  max_layer_scale=None, max_accum_scale=None, guard=True,
                  backoff_window=100, verbose=True):
-        self.auto_init = isinstance(init_scale, str) and init_scale == 'auto'
+        #: how α_{N+1} is set from the loss gradient: None (a constant,
+        #: the paper's), 'auto' (Eq. 1) or 'amax' (its peak in the top
+        #: binade)
+        self.init_rule = init_scale if isinstance(init_scale, str) else None
+        self.auto_init = self.init_rule is not None
+        if self.init_rule not in INIT_RULES:
+            raise ValueError("init_scale must be a positive number, 'auto' "
+                             "or 'amax', got {!r}".format(init_scale))
         if not self.auto_init:
-            if isinstance(init_scale, str):
-                raise ValueError("init_scale must be a positive number or "
-                                 "'auto', got {!r}".format(init_scale))
             check_scale(init_scale, 'init_scale')
         if not 0 < t_uf < 1:
             raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
@@ -211,7 +221,8 @@ class AdaLossScaled(object):
         if self.auto_init and self.iteration % self.update_interval == 0:
             if not isinstance(loss.array, numpy.ndarray):
                 raise NotImplementedError(
-                    "init_scale='auto' runs on the CPU only: its device path "
+                    "init_scale='auto'/'amax' runs on the CPU only: its "
+                    "device path "
                     'has not been written and run on a GPU yet')
             entry = _LossGradientMoments()
         guard = self.guard
@@ -233,9 +244,12 @@ class AdaLossScaled(object):
         bp.run(loss, init_scale)
         self._last_pass = bp
         self._records = bp.gemm_records
-        if entry is not None and entry.count:
-            alpha = loss_gradient_scale(entry.second(), entry.peak,
-                                        self.t_uf, self.fmt)
+        if entry is not None and entry.count and bp.loss_finite:
+            if self.init_rule == 'amax':
+                alpha = top_binade_scale(entry.peak, self.fmt)
+            else:
+                alpha = loss_gradient_scale(entry.second(), entry.peak,
+                                            self.t_uf, self.fmt)
             self.init_scale = self._cap_accum(1.0, alpha)
         new = set(bp.foreign_gemms) - self._foreign_reported
         if new:
@@ -381,6 +395,9 @@ class AdaLossScaled(object):
             serializer('backoff_values', numpy.array(
                 [self._backoff[k] for k in keys], dtype=numpy.int64))
 
+
+#: the values of ``init_scale`` that set α_{N+1} from the loss gradient
+INIT_RULES = (None, 'auto', 'amax')
 
 #: the backoff's key for α_{N+1}, the loss gradient's scale
 LOSS = '(loss)'

@@ -49,3 +49,19 @@ def fit_ratio(peak, fmt):
     while overflows(peak * ratio, fmt):
         ratio /= 2.0
     return ratio
+
+
+def top_binade_scale(peak, fmt):
+    """The largest power of two α with ``α · peak`` rounding to a value of
+    ``fmt`` that does not overflow (:func:`overflows`): the scale that puts
+    ``peak`` into the format's top binade (*not in the paper*:
+    ``adaptive:init_scale=amax`` uses it for α_{N+1}, the loss gradient's
+    scale). 1 for a zero or non-finite ``peak`` (nothing to go by)."""
+    if not (peak > 0 and math.isfinite(peak)):
+        return 1.0
+    alpha = 2.0 ** (math.frexp(fmt.u_max / peak)[1] - 1)  # α·peak ≤ u_max
+    if not overflows(peak * alpha * 2.0, fmt):
+        alpha *= 2.0     # rounds down into range: one binade more
+    while alpha > 2.0 ** -149 and overflows(peak * alpha, fmt):
+        alpha /= 2.0
+    return alpha

@@ -210,7 +210,7 @@ class AdaptiveScaling(LossScaling):
         if self.ada is not None:
             return self.ada.init_scale
         init = self.options['init_scale']
-        return 1.0 if init == 'auto' else init
+        return 1.0 if isinstance(init, str) else init
 
     def serialize(self, serializer):
         if self.ada is not None:

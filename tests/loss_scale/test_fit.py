@@ -13,7 +13,7 @@ import pytest
 
 from ada_loss.formats import get_format
 from ada_loss.functions.linear import LinearGradData
-from ada_loss.loss_scale.fit import fit_ratio, overflows
+from ada_loss.loss_scale.fit import fit_ratio, overflows, top_binade_scale
 
 #: project format name → ml_dtypes type
 FORMATS = {
@@ -35,18 +35,22 @@ def _stored(value, dtype):
         return float(np.float32(value).astype(dtype).astype(np.float64))
 
 
-def _reference_ratio(peak, name):
+def _fits(v, name):
+    """Whether the float32 magnitude ``v`` is stored by ml_dtypes without
+    overflowing the format."""
     fmt = get_format(name)
     dtype = FORMATS[name]
+    v = np.float32(v)
+    if fmt.saturates:
+        # ml_dtypes' fn-formats without NaN clamp; anything whose rounding
+        # reaches u_max counts as an overflow (the updater's)
+        return abs(_stored(v, dtype)) < fmt.u_max and v < 2 * fmt.u_max
+    return math.isfinite(_stored(v, dtype))
+
+
+def _reference_ratio(peak, name):
     for k in range(0, 200):
-        v = np.float32(peak * 2.0 ** -k)
-        if fmt.saturates:
-            # ml_dtypes' fn-formats without NaN clamp; anything whose
-            # rounding reaches u_max counts as an overflow (the updater's)
-            ok = abs(_stored(v, dtype)) < fmt.u_max and v < 2 * fmt.u_max
-        else:
-            ok = math.isfinite(_stored(v, dtype))
-        if ok:
+        if _fits(peak * 2.0 ** -k, name):
             return 2.0 ** -k
     raise AssertionError('no ratio fits')
 
@@ -123,3 +127,23 @@ def test_fitted_output_never_overflows_and_is_unchanged_where_it_fits(name):
             assert scale < 1.0 and not overflows(abs(gx), fmt), v
             assert gx == float(fmt.quantize(
                 np.array([v * scale], np.float32))[0]), v
+
+
+@pytest.mark.parametrize('name', sorted(FORMATS))
+def test_top_binade_scale_is_the_largest_power_of_two_that_fits(name):
+    """α_{N+1} of ``adaptive:init_scale=amax``: the largest 2^k (k of any
+    sign) whose product with the peak does not overflow when rounded, by
+    brute force with ml_dtypes."""
+    fmt = get_format(name)
+    rng = np.random.RandomState(11)
+    for peak in list(2.0 ** rng.uniform(-30, 30, 200)) + [fmt.u_max, 1.0,
+                                                          1 / 64.]:
+        peak = float(np.float32(peak))
+        alpha = top_binade_scale(peak, fmt)
+        # brute force: scan k downwards from far above
+        want = next(2.0 ** k for k in range(160, -160, -1)
+                    if peak * 2.0 ** k < 3.4028234e38 and _fits(peak * 2.0 ** k,
+                                                       name))
+        assert alpha == want, peak
+    assert top_binade_scale(0.0, fmt) == 1.0
+    assert top_binade_scale(float('nan'), fmt) == 1.0
