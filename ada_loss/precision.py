@@ -22,6 +22,11 @@
                        both passes (TE's default) / E2M3 forward and E3M2
                        gradients / E2M1; options ``block=N``,
                        ``scale=up|floor``
+``…,grad=loss``        any scaled precision with its incoming gradients
+                       rounded *unscaled* into its gradient element format
+                       (x and W still cast by the recipe): the gradient's
+                       scale is the loss-scaling mode's, which must be
+                       named (no default mode)
 =====================  =======================================================
 
 Scaled precisions (:mod:`ada_loss.formats.recipe`) keep GEMM outputs
@@ -68,8 +73,8 @@ _MX = {
     'mxfp6': ('fp6_e2m3', 'fp6_e3m2'),
     'mxfp4': ('fp4_e2m1', 'fp4_e2m1'),
 }
-_PER_TENSOR_OPTIONS = ('recipe', 'history', 'margin', 'pow2', 'out')
-_MX_OPTIONS = ('block', 'scale', 'out')
+_PER_TENSOR_OPTIONS = ('recipe', 'history', 'margin', 'pow2', 'grad', 'out')
+_MX_OPTIONS = ('block', 'scale', 'grad', 'out')
 
 _NAMED = {
     'bf16': ('bfloat16', 'bfloat16'),
@@ -85,7 +90,9 @@ PRECISION_HELP = ('float32, mixed16, bf16, fp8 (E4M3 forward, E5M2 '
                   'bwd=fp8_e4m3); or scaled: fp8:recipe=current|delayed '
                   '(also fp8_e4m3:..., options history=N, margin=M, '
                   'pow2=true|false, out=bf16), mxfp8, mxfp6, mxfp4 '
-                  '(options block=N, scale=up|floor, out=bf16)')
+                  '(options block=N, scale=up|floor, out=bf16); '
+                  'grad=loss on either: gradients unscaled, scaled by the '
+                  'loss-scaling mode')
 
 
 class Precision(collections.namedtuple(
@@ -132,8 +139,13 @@ class Precision(collections.namedtuple(
         """The loss-scaling mode a scaled precision runs with when none is
         given: ``'none'`` (its per-tensor or per-block scales do what loss
         scaling does; TE trains FP8 without a loss scale); None for the
-        other precisions, which need a mode named."""
-        return 'none' if self.recipe is not None else None
+        other precisions, which need a mode named — ``grad=loss`` included:
+        its gradients are rounded unscaled, as in ``fp8_e4m3``, and
+        underflow without loss scaling, while choosing a method for the
+        user would choose among the methods this toolkit compares."""
+        if self.recipe is None or self.recipe.grad_loss:
+            return None
+        return 'none'
 
     @property
     def grad_format(self):
@@ -231,7 +243,8 @@ def _scaled(base, arg):
         recipe = make_recipe(
             'mx', fwd, bwd, block_size=_integer(o.get('block', '32'),
                                                 'block'),
-            scale_rounding=o.get('scale', 'up'), out=_out(o))
+            scale_rounding=o.get('scale', 'up'), out=_out(o),
+            grad=o.get('grad', 'scaled'))
         parts = []
         if recipe.block_size != 32:
             parts.append('block={}'.format(recipe.block_size))
@@ -253,7 +266,7 @@ def _scaled(base, arg):
                              'history'),
             margin=_integer(o.get('margin', str(DEFAULT_MARGIN)), 'margin'),
             pow2=_flag(o.get('pow2', 'false'), 'pow2'),
-            out=_out(o))
+            out=_out(o), grad=o.get('grad', 'scaled'))
         parts = ['recipe=' + kind]
         if recipe.history != DEFAULT_HISTORY:
             parts.append('history={}'.format(recipe.history))
@@ -261,6 +274,8 @@ def _scaled(base, arg):
             parts.append('margin={}'.format(recipe.margin))
         if recipe.pow2:
             parts.append('pow2=true')
+    if recipe.grad_loss:
+        parts.append('grad=loss')
     if not recipe.out.is_float32:
         parts.append('out=bf16')
     name = base + (':' + ','.join(parts) if parts else '')

@@ -98,9 +98,10 @@ NonFinite = collections.namedtuple('NonFinite',
 
 def _stored_format(func, g):
     """The format a GEMM stores its incoming gradient ``g`` in: its
-    backward format (emulated precisions), FP16 for float16 arrays, or None
+    backward format (emulated precisions; a scaled recipe's gradient
+    element format with ``grad=loss``), FP16 for float16 arrays, or None
     (float32: nothing is rounded)."""
-    fmt = func.grad_format
+    fmt = func.stored_grad_format
     if fmt is not None and not fmt.is_float32:
         return fmt
     if g.dtype == numpy.float16:

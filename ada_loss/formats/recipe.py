@@ -28,6 +28,13 @@ Recipes (Transformer Engine, ``transformer_engine/common/recipe``):
 Per-tensor recipes quantize each tensor once per step (the backward reuses
 the forward's x and W copies, as TE's transposed FP8 copies hold the same
 values); MX quantizes per GEMM.
+
+The gradient's scale (``grad``; not in TE): ``'scaled'`` (the default) casts
+gy with the recipe's own scale, as above; ``'loss'`` rounds gy *unscaled*
+into the backward element format (``FloatFormat.quantize``: overflow gives
+NaN, Inf or saturates as that format does), once for both backward GEMMs,
+so that its scale is a loss-scaling mode's (fixed, dynamic, adaptive, ...)
+while x and W are still cast as the recipe casts them.
 """
 import collections
 
@@ -39,13 +46,16 @@ from ada_loss.formats.per_tensor import (
 
 RECIPES = ('current', 'delayed', 'mx')
 ROLES = ('x', 'w', 'gy')
+#: where the incoming gradient's scale comes from: the recipe, or loss
+#: scaling (gy rounded unscaled into the backward element format)
+GRAD_SCALES = ('scaled', 'loss')
 #: formats a GEMM's outputs may be rounded to (TE: BF16 or FP32 outputs)
 OUTPUT_FORMATS = ('float32', 'bfloat16')
 
 
 class GemmRecipe(collections.namedtuple('GemmRecipe', (
         'kind', 'fwd', 'bwd', 'history', 'margin', 'pow2', 'block_size',
-        'scale_rounding', 'out'))):
+        'scale_rounding', 'out', 'grad'), defaults=('scaled',))):
     """A scaled GEMM recipe (see the module docstring).
 
     Attributes:
@@ -56,6 +66,9 @@ class GemmRecipe(collections.namedtuple('GemmRecipe', (
         block_size (int), scale_rounding (str): MX options (32, ``'up'``).
         out (FloatFormat): the format GEMM outputs (activations and
             gradients) are rounded to: float32 (none) or bfloat16.
+        grad (str): ``'scaled'`` (gy cast with the recipe's scale) or
+            ``'loss'`` (gy rounded unscaled into ``bwd``: its scale is loss
+            scaling's).
     """
 
     __slots__ = ()
@@ -64,6 +77,17 @@ class GemmRecipe(collections.namedtuple('GemmRecipe', (
     def per_tensor(self):
         return self.kind != 'mx'
 
+    @property
+    def grad_loss(self):
+        """True if gy is rounded unscaled (``grad=loss``)."""
+        return self.grad == 'loss'
+
+    @property
+    def casts_gy_once(self):
+        """True if gy is cast once for both backward GEMMs (per tensor,
+        or unscaled), False if per GEMM along its reduction (MX)."""
+        return self.per_tensor or self.grad_loss
+
     def state(self):
         """A fresh :class:`GemmScaling` for one GEMM layer."""
         return GemmScaling(self)
@@ -71,7 +95,7 @@ class GemmRecipe(collections.namedtuple('GemmRecipe', (
 
 def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
                 margin=DEFAULT_MARGIN, pow2=False, block_size=32,
-                scale_rounding='up', out='float32'):
+                scale_rounding='up', out='float32', grad='scaled'):
     """A validated :class:`GemmRecipe`.
 
     Raises:
@@ -92,13 +116,16 @@ def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
     if scale_rounding not in SCALE_ROUNDINGS:
         raise ValueError('scale must be one of {}, got {!r}'.format(
             ', '.join(SCALE_ROUNDINGS), scale_rounding))
+    if grad not in GRAD_SCALES:
+        raise ValueError('grad must be one of {}, got {!r}'.format(
+            ', '.join(GRAD_SCALES), grad))
     out = get_format(out)
     if out.canonical_name not in OUTPUT_FORMATS:
         raise ValueError('out must be one of {}, got {!r}'.format(
             ', '.join(OUTPUT_FORMATS), str(out)))
     return GemmRecipe(kind, get_format(fwd), get_format(bwd), int(history),
                       int(margin), bool(pow2), int(block_size),
-                      scale_rounding, out)
+                      scale_rounding, out, grad)
 
 
 class GemmScaling(object):
@@ -109,14 +136,20 @@ class GemmScaling(object):
         self.recipe = recipe
         self.delayed = None
         if recipe.kind == 'delayed':
+            # grad=loss: gy has no recipe scale, hence no history
             self.delayed = collections.OrderedDict(
                 (role, DelayedScaling(self.format(role), recipe.history,
                                       recipe.margin, recipe.pow2))
-                for role in ROLES)
+                for role in ROLES
+                if not (role == 'gy' and recipe.grad_loss))
 
     @property
     def per_tensor(self):
         return self.recipe.per_tensor
+
+    @property
+    def casts_gy_once(self):
+        return self.recipe.casts_gy_once
 
     def format(self, role):
         """The element format of an operand role."""
@@ -129,11 +162,17 @@ class GemmScaling(object):
             role: ``'x'``, ``'w'`` or ``'gy'``.
             x: a float32 NumPy or CuPy array.
             axes: the axes of ``x`` the GEMM reduces over (MX blocks run
-                along them, flattened in order); ignored per tensor.
+                along them, flattened in order); ignored per tensor and for
+                gy under ``grad=loss``.
             record: the delayed recipe records x's amax into the role's
                 history (False: evaluation, which leaves the state as is).
         """
         r = self.recipe
+        if role == 'gy' and r.grad_loss:
+            # unscaled: the scale is the loss-scaling mode's; the format's
+            # own overflow (NaN / Inf / saturation) so that loss scaling's
+            # overflow checks see it as they do in the unscaled precisions
+            return r.bwd.quantize(x)
         if r.kind == 'current':
             return quantize_per_tensor(x, self.format(role), pow2=r.pow2)[0]
         if r.kind == 'delayed':

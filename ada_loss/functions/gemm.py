@@ -270,7 +270,9 @@ class GemmFunction(object):
       and W along their forward reductions (:attr:`reduction_axes`) and
       retains the high-precision ones; the backward casts gy (per tensor:
       once, reusing the forward's x and W copies; MX: per GEMM, re-casting
-      W and x from high precision along the dgrad and wgrad reductions).
+      W and x from high precision along the dgrad and wgrad reductions;
+      ``grad=loss``: once, unscaled, into the recipe's gradient element
+      format, :attr:`stored_grad_format`).
 
     :meth:`backward` is Chainer's (every scale 1); the ⟨α, δ⟩ backward calls
     :meth:`backward_scaled` with the layer-wise scales instead.
@@ -312,7 +314,20 @@ class GemmFunction(object):
 
     @property
     def grad_format(self):
+        """The format the gradients this node produces are rounded to (and,
+        unless a scaled recipe casts it, its incoming gradient), or None."""
         return None if self.formats is None else self.formats[1]
+
+    @property
+    def stored_grad_format(self):
+        """The format the incoming gradient is stored in, *unscaled*, as
+        the loss scale carries it (what overflow checks compare it with):
+        the recipe's gradient element format under ``grad=loss``, else
+        :attr:`grad_format` (None under a scaled recipe with FP32 outputs:
+        there the recipe's own scale fits gy into its format)."""
+        if self.scaling is not None and self.scaling.recipe.grad_loss:
+            return self.scaling.recipe.bwd
+        return self.grad_format
 
     def quantize_grad_output(self, gy):
         """The incoming gradient as stored in the backward format (a
@@ -320,10 +335,11 @@ class GemmFunction(object):
         fmt = self.grad_format
         if fmt is not None and fmt.is_float32:
             fmt = None
-        # a per-tensor recipe casts gy once for both backward GEMMs (MX
-        # casts it per GEMM, along each one's reduction: backward_scaled)
+        # a per-tensor recipe (or grad=loss's unscaled cast) casts gy once
+        # for both backward GEMMs (MX casts it per GEMM, along each one's
+        # reduction: backward_scaled)
         scaling = self.scaling if self.scaling is not None and \
-            self.scaling.per_tensor else None
+            self.scaling.casts_gy_once else None
         marker = scaling if scaling is not None else fmt
         if marker is None or gy is None or getattr(
                 gy, '_ada_quantized', None) is marker:
@@ -401,11 +417,13 @@ class GemmFunction(object):
                                             self.reduction_axes['wgrad'])
                 q = self.scaling.quantize
                 g = gy.array
+                # grad=loss: gy was cast once, unscaled (quantize_grad_output)
+                once = self.scaling.casts_gy_once
                 if 0 in indexes:
-                    gy_d = q('gy', g, d_gy)
+                    gy_d = gy if once else q('gy', g, d_gy)
                     W_d = q('w', W.array, d_w)
                 if 1 in indexes:
-                    gy_w = q('gy', g, w_gy)
+                    gy_w = gy if once else q('gy', g, w_gy)
                     x_w = q('x', x.array, w_x)
             # TE computes the bias gradient from the high-precision gy
             # (the caller may have passed the cast one: the ⟨α, δ⟩ backward)

@@ -129,7 +129,8 @@ def make_loss_scaling(mode, precision=None):
     """The :class:`LossScaling` of a mode string (see :func:`parse_mode`),
     targeting the gradient format of ``precision`` (default: float16, as in
     mixed16; see :mod:`ada_loss.precision`). ``mode`` None: the precision's
-    default mode (``none`` for a scaled precision such as ``mxfp8``).
+    default mode (``none`` for a scaled precision such as ``mxfp8``; there
+    is none for one with ``grad=loss``).
 
     Raises:
         ValueError: a bad mode or option, or a fixed scale that is not
@@ -141,7 +142,8 @@ def make_loss_scaling(mode, precision=None):
         if default is None:
             raise ValueError('no loss-scaling mode given, and precision {!r} '
                              'has no default (only the scaled precisions '
-                             'do: none)'.format(precision))
+                             'do: none; not with grad=loss, whose gradients '
+                             'need loss scaling)'.format(precision))
         mode = default
     spec = parse_mode(mode)
     fmt = get_format('float16')
