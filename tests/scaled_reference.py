@@ -7,6 +7,7 @@ exact rational arithmetic, sharing no code with ``ada_loss.formats``.
   Python loop (amax in float64, the scale exponent by ``fractions``, the
   scale made from its E8M0 code, elements by ml_dtypes' casts of x / scale
   clamped to the element's largest value; a block with NaN/Inf is NaN).
+* :func:`reference_unscaled`: an element format's own cast, unscaled.
 * :func:`reference_per_tensor`: TE's per-tensor cast, ml_dtypes' cast of
   clip(x · scale, ±fmt_max) times 1/scale in float32;
   :func:`reference_current_scale`: fmt_max / amax in float32 (1 for an
@@ -101,3 +102,10 @@ def reference_per_tensor(x, element, scale):
     ml, m = PER_TENSOR[element]
     y = np.clip(x * F32(scale), -F32(m), F32(m))
     return y.astype(ml).astype(F32) * (F32(1) / F32(scale))
+
+
+def reference_unscaled(x, element):
+    """``x`` rounded *unscaled* to an element format (``grad=loss``):
+    ml_dtypes' cast of the float32 values and back, with the format's own
+    overflow (NaN for E4M3, Inf for E5M2, saturation for FP6/FP4)."""
+    return np.asarray(x, F32).astype(ELEMENTS[element][0]).astype(F32)
