@@ -319,9 +319,10 @@ def test_guard_fits_an_e4m3_overflow(precision, seed):
     _, none = _backward(model.copy('copy'), x, precision, 'none')
     for name in ref:
         assert _bits_equal(none[name], ref[name]), name
-    _, paper = _backward(model.copy('copy'), x, precision,
-                         'adaptive:guard=false')
+    unguarded, paper = _backward(model.copy('copy'), x, precision,
+                                 'adaptive:guard=false')
     assert not np.isfinite(paper['/l1/W']).all()
+    assert unguarded.last_nonfinite().layer == 'l1'   # where E4M3 overflowed
     scaling, ada = _backward(model.copy('copy'), x, precision, 'adaptive')
     assert set(scaling.ada.guarded()) == {('l1', 'in')}
     for name in ref:
