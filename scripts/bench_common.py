@@ -174,7 +174,7 @@ class ResNetStep(object):
 
     def __init__(self, mode, batch=128, fp16_gemm='emulated', seed=0,
                  num_classes=10, precision=None, device=None, model='resnet20',
-                 insize=32):
+                 insize=32, in_channels=3, model_kwargs=None):
         from ada_loss.models import build_model
         from ada_loss.scaling import make_loss_scaling, resolve_precision
         from ada_loss.training import (
@@ -185,14 +185,18 @@ class ResNetStep(object):
         self.dtype = resolve_precision(mode, precision)
         numpy.random.seed(seed)
         with dtype_config(self.dtype):
-            self.model = Classifier(build_model(model, num_classes),
-                                    self.dtype)
+            self.model = Classifier(build_model(
+                model, num_classes, **dict(model_kwargs or {},
+                                           **({'in_channels': in_channels}
+                                              if in_channels != 3 else {}))),
+                self.dtype)
         if device is not None:      # e.g. '@cupy:0'
             self.model.to_device(device)
         opt = setup_optimizer(chainer.optimizers.MomentumSGD(0.05), self.model,
                               self.dtype)
         rng = numpy.random.RandomState(seed)
-        x = rng.standard_normal((batch, 3, insize, insize)).astype(
+        x = rng.standard_normal((batch, in_channels, insize,
+                                 insize)).astype(
             numpy.float32)
         t = rng.randint(0, num_classes, size=batch).astype(numpy.int32)
         data = [(x[i], t[i]) for i in range(batch)]
