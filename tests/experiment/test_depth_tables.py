@@ -56,3 +56,24 @@ def test_paired_table_and_columns():
     assert 'Dynamic' not in header and 'Amax' not in header
     assert '10.00 ± 0.00 (n=3) [94 skipped]' in table
     assert '(S=64/16/16)' in table
+
+
+def test_two_adaptive_modes_two_columns():
+    """``grid.modes=[adaptive, "adaptive:init_scale=auto"]`` (issue 32 item
+    4, issue 39 item 1): two columns, never one "Adaptive" averaging both
+    (n = 8 for four seeds)."""
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(models=['resnet110'],
+                                   precisions=['fp8_e4m3']),
+        study=types.SimpleNamespace(fp32=False))
+    runs = {('fp8_e4m3', 'resnet110', 'adaptive'): [
+        _run(s, 0.50) for s in range(4)],
+        ('fp8_e4m3', 'resnet110', 'adaptive:init_scale=auto'): [
+        _run(s, 0.70) for s in range(4)]}
+    header, _, row = depth.table1(cfg, runs).splitlines()
+    cols = [c.strip() for c in header.strip('|').split('|')]
+    cells = dict(zip(cols, [c.strip() for c in row.strip('|').split('|')]))
+    assert cols == ['Depth', 'fp8_e4m3 adaptive',
+                    'fp8_e4m3 adaptive:init_scale=auto']
+    assert cells['fp8_e4m3 adaptive'] == '50.00 ± 0.00 (n=4)'
+    assert cells['fp8_e4m3 adaptive:init_scale=auto'] == '70.00 ± 0.00 (n=4)'

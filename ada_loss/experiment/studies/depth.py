@@ -40,6 +40,7 @@ from ada_loss.analysis import gemm_probe
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.config import section, setting
+from ada_loss.experiment.modes import column_label, mode_columns
 from ada_loss.experiment.studies import classification
 from ada_loss.experiment.studies.classification import Cell
 from ada_loss.precision import parse_precision
@@ -198,12 +199,17 @@ def cell_text(s, note=''):
     return t
 
 
-def _column(mode):
-    spec = parse_mode(mode)
-    if spec.name == 'adaptive' and spec.options.get('guard') is False:
-        return 'Adaptive (paper)'
-    return {'none': 'None', 'dynamic': 'Dynamic', 'adaptive': 'Adaptive',
-            'amax': 'Amax'}.get(spec.name)
+def _mode_columns(runs, precision):
+    """``[(label, mode text)]`` of the modes with runs of ``precision``
+    (fixed scales and fp32 aside), in :data:`COLUMNS` order: a column per
+    mode, two modes sharing a label labelled by their text (issue 39:
+    ``adaptive`` and ``adaptive:init_scale=auto`` in one column)."""
+    cols = mode_columns({mode for (p, _, mode), rs in runs.items()
+                         if p == precision and rs and mode != 'fp32'
+                         and not mode.startswith('fixed:')})
+    return sorted(cols, key=lambda c: (
+        COLUMNS.index(column_label(c[1]))
+        if column_label(c[1]) in COLUMNS else len(COLUMNS), c[1]))
 
 
 def _accuracy(run):
@@ -290,13 +296,15 @@ def best_fixed(runs, precision, model):
 
 
 def _present(runs, precision):
-    """The columns of ``COLUMNS`` that have runs of ``precision``."""
-    cols = {_column(mode) for (p, _, mode), rs in runs.items()
-            if p == precision and rs}
+    """``[(column, mode text or None)]`` of ``precision``: None first, the
+    fixed scales' two columns (where there are fixed runs), then a column
+    per mode."""
+    cols = _mode_columns(runs, precision)
+    head = [c for c in cols if c[0] == 'None']
     if any(p == precision and mode.startswith('fixed:')
            for p, _, mode in runs):
-        cols |= {'Fixed (best)', 'Fixed (held-out)'}
-    return [c for c in COLUMNS if c in cols]
+        head += [('Fixed (best)', None), ('Fixed (held-out)', None)]
+    return head + [c for c in cols if c[0] != 'None']
 
 
 def table1(cfg, runs):
@@ -308,7 +316,7 @@ def table1(cfg, runs):
     precisions = [str(p) for p in cfg.grid.precisions]
     columns = {p: _present(runs, p) for p in precisions}
     for p in precisions:
-        header += ['{} {}'.format(p, c) for c in columns[p]]
+        header += ['{} {}'.format(p, c) for c, _ in columns[p]]
     lines = ['| ' + ' | '.join(header) + ' |',
              '|' + '---|' * len(header)]
     for m in models:
@@ -316,13 +324,9 @@ def table1(cfg, runs):
         if cfg.study.fp32:
             row.append(cell_text(stats(runs.get(('float32', m, 'fp32'), []))))
         for p in precisions:
-            by_col = collections.defaultdict(list)
-            for (pp, mm, mode), rs in runs.items():
-                if pp == p and mm == m and _column(mode):
-                    by_col[_column(mode)] += rs
             mode, s = best_fixed(runs, p, m)
             held, scales = held_out_fixed(runs, p, m)
-            for c in columns[p]:
+            for c, col_mode in columns[p]:
                 if c == 'Fixed (best)':
                     row.append(cell_text(s, ' (S={})'.format(
                         mode.split(':')[1])) if s else '—')
@@ -332,7 +336,8 @@ def table1(cfg, runs):
                                              scales[k] for k in sorted(
                                                  scales)))) if held else '—')
                 else:
-                    row.append(cell_text(stats(by_col.get(c, []))))
+                    row.append(cell_text(stats(runs.get((p, m, col_mode),
+                                                        []))))
         lines.append('| ' + ' | '.join(row) + ' |')
     return '\n'.join(lines)
 
