@@ -598,9 +598,17 @@ class TrainingStudy(Study):
                       epoch=self.records_epoch)
             self.summarized(run, info, scaling)
 
-        return run_trainer(trainer, updater, info, folder, finalize,
-                           run.log, comm,
-                           threads=getattr(cfg, 'blas_threads', 1))
+        try:
+            return run_trainer(trainer, updater, info, folder, finalize,
+                               run.log, comm,
+                               threads=getattr(cfg, 'blas_threads', 1))
+        except KeyboardInterrupt:
+            # Ctrl-C: not "running" any more; --resume continues it
+            if is_writer(comm):
+                info.update(status=R.INTERRUPTED, updated=now(),
+                            iterations=updater.iteration)
+                R.write_run(folder, info)
+            raise
 
     # -- hooks -----------------------------------------------------------------------
     def setup(self, cfg, cell, comm=None):

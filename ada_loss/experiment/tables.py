@@ -42,7 +42,8 @@ class CellStats(object):
                      if r.get('status') == R.FINISHED
                      and r.get('final_test_accuracy') is not None]
         self.diverged = sum(r.get('status') == R.DIVERGED for r in runs)
-        self.running = sum(r.get('status') == R.RUNNING for r in runs)
+        self.running = sum(r.get('status') in (R.RUNNING, R.INTERRUPTED)
+                           for r in runs)
 
     @property
     def n(self):

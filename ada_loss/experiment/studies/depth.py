@@ -41,6 +41,7 @@ from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.modes import column_label, mode_columns
+from ada_loss.experiment.runner import decide, run_locked
 from ada_loss.experiment.studies import classification
 from ada_loss.experiment.studies.classification import Cell
 from ada_loss.precision import parse_precision
@@ -132,14 +133,17 @@ class DepthStudy(classification.ClassificationStudy):
                 for key, (train, test) in super(DepthStudy, self).preload(
                     cfg, cells).items()}
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
+        """The tables, then Fig. 4 from its probed runs (trained here
+        unless ``train`` is False: ``--table-only`` trains nothing and
+        draws Fig. 4 only when its runs are there)."""
         runs = collect(self, cfg, out)
         t1, t4 = write_outputs(cfg, out, runs)
         if not quiet:
             print(t1)
             print(t4)
         if cfg.study.fig4.run:
-            for path in fig4(self, cfg, out, runs):
+            for path in fig4(self, cfg, out, runs, train=train):
                 print('[depth] wrote', path)
         return None
 
@@ -356,12 +360,14 @@ def table4(cfg, runs):
 
 
 # -- Fig. 4 ---------------------------------------------------------------
-def fig4(study, cfg, out, runs, log=print):
+def fig4(study, cfg, out, runs, log=print, train=True):
     """Probed runs of ``study.fig4`` (none, best fixed, adaptive) and the two
     figures. The probed runs are runs of this study with ``log.probe_every``
     (the one run path: resumable, skipped once finished) in
     ``<out>/<table>/fig4/``; a diverged one is not run again (its records
-    end where it stopped). Returns the paths written (none when skipped)."""
+    end where it stopped). ``train`` False: none is trained, and the
+    figures are drawn only when all three are there. Returns the paths
+    written (none when skipped)."""
     f = cfg.study.fig4
     folder = os.path.join(out, cfg.table)
     fixed = f.fixed
@@ -382,9 +388,19 @@ def fig4(study, cfg, out, runs, log=print):
         run_folder = study.folder(out, probed, cell)
         info = R.read_run(run_folder)
         if (info or {}).get('status') not in (R.FINISHED, R.DIVERGED):
+            if not train:
+                log('[depth] fig4: its run {} is not there (--table-only '
+                    'trains nothing); skipped'.format(run_folder))
+                return []
+            # continued from its snapshot unless its config changed
+            action, reason = decide(study, probed, cell, out, True, False)
+            if action == 'refuse':
+                log('[depth] fig4: {}; skipped'.format(reason))
+                return []
             if cache is None:
                 cache = study.preload(probed, cells)
-            info = study.run(probed, cell, out, resume=True, cache=cache)
+            info = run_locked(study, probed, cell, out,
+                              resume=action == 'resume', cache=cache)
         infos[str(cell.mode)] = {k: info.get(k) for k in (
             'status', 'final_test_accuracy', 'skipped_steps', 'iterations')}
         log('[depth] fig4 {} {}: acc {} skipped {}'.format(

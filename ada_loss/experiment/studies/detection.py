@@ -179,8 +179,7 @@ class DetectionStudy(RC.TrainingStudy):
         return self.cell_config(cfg, cell, precision=resolve_precision(
             cell.mode, cfg.train.precision))
 
-    def stop_point(self, run_config):
-        return ((run_config or {}).get('train') or {}).get('iterations')
+    stop_keys = ('train.iterations',)
 
     def preload(self, cfg, cells):
         """VOC07+12 trainval and VOC07 test (missing files fail here, before
@@ -274,7 +273,7 @@ class DetectionStudy(RC.TrainingStudy):
             text += ' mAP {:6.2f}%'.format(100 * info['final_map'])
         return text
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         results = os.path.join(out, cfg.table)
         return T.write_table(build_table(R.find_runs(results), cfg.layout),
                              results, cfg.layout, quiet)

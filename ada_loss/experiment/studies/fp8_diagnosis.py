@@ -161,7 +161,7 @@ def write_diagnosis(runs, folder, title):
 class Fp8DiagnosisStudy(ClassificationStudy):
     """The classification study with the diagnosis in its tables."""
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         """The precision table and ``modes.md`` (printed: the precision
         table merges the variants this study compares), then the diagnosis
         of every probed cell."""

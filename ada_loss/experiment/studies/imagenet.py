@@ -140,9 +140,7 @@ class ImageNetStudy(RC.TrainingStudy):
         return self.cell_config(cfg, cell, precision=resolve_precision(
             cell.mode, cfg.train.precision))
 
-    def stop_point(self, run_config):
-        t = (run_config or {}).get('train') or {}
-        return t.get('max_iterations'), t.get('epochs')
+    stop_keys = ('train.max_iterations', 'train.epochs')
 
     def preload(self, cfg, cells):
         """The datasets (missing files fail here, before any training)."""
@@ -220,7 +218,7 @@ class ImageNetStudy(RC.TrainingStudy):
                 ('final_test_loss', test_loss),
                 ('final_train_loss', train_loss)]
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         results = os.path.join(out, cfg.table)
         return T.write_table(build_table(R.find_runs(results)), results,
                              'table2', quiet)
