@@ -360,9 +360,10 @@ def plan_cells(study, cfg, cells, out, resume=False, force=False):
     plan = [(c,) + decide(study, cfg, c, out, resume, force) for c in cells]
     refused = [reason for _, action, reason in plan if action == 'refuse']
     if refused:
-        raise RunRefused('{} run{} not run: {}'.format(
+        raise RunRefused('{} run{} not run: {}{}'.format(
             len(refused), 's' if len(refused) > 1 else '',
-            '\n       '.join(refused)))
+            ' | '.join(refused[:4]), ' | and {} more'.format(
+                len(refused) - 4) if len(refused) > 4 else ''))
     return plan
 
 
