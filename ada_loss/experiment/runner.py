@@ -56,6 +56,10 @@ class Study(object):
     Cell = None
     #: ``--only`` key aliases, e.g. ``{'batch': 'batchsize'}``
     only_aliases = {}
+    #: ``--only`` keys whose text is parsed by a config value type (as the
+    #: config parses the cells' values), e.g. ``{'format': C.FormatName}``
+    #: (modes and precisions are found from the cells' values)
+    only_types = {}
 
     def load_config(self, path, overrides):
         """The checked config of a file and ``--set`` overrides."""
@@ -125,11 +129,12 @@ class Study(object):
 
 
 # -- --only -------------------------------------------------------------------------
-def _normalize(key, value, example):
+def _normalize(key, value, example, parsed=None):
     """A ``--only`` value as the cells hold it: parsed as the config parses
-    the cells' values (a mode, a precision: :func:`C.value_type_of`), or as
-    a bool, int or float like the cells' values."""
-    parsed = C.value_type_of(example)
+    the cells' values (``parsed``, or a mode, a precision:
+    :func:`C.value_type_of`), or as a bool, int or float like the cells'
+    values."""
+    parsed = parsed or C.value_type_of(example)
     if parsed is not None:
         try:
             return parsed.parse(value, key)
@@ -158,10 +163,11 @@ def _normalize(key, value, example):
     return value
 
 
-def parse_only(text, cells, aliases=None):
+def parse_only(text, cells, aliases=None, types=None):
     """``'model=resnet20,mode=adaptive|fp32,seed=0'`` -> {field: set of
-    values}, keys being the cells' fields (or ``aliases`` of them)."""
-    aliases = aliases or {}
+    values}, keys being the cells' fields (or ``aliases`` of them), values
+    parsed by ``types[field]`` where given."""
+    aliases, types = aliases or {}, types or {}
     fields = cells[0]._fields if cells else ()
     keys = tuple(fields) + tuple(aliases)
     filters, last = {}, None
@@ -180,12 +186,12 @@ def parse_only(text, cells, aliases=None):
     out = {}
     for key, values in filters.items():
         example = getattr(cells[0], key)
-        out[key] = {_normalize(key, v, example) for value in values
-                    for v in value.split('|')}
+        out[key] = {_normalize(key, v, example, types.get(key))
+                    for value in values for v in value.split('|')}
     return out
 
 
-def select(cells, only=(), aliases=None):
+def select(cells, only=(), aliases=None, types=None):
     """Cells matching any of the ``--only`` texts (all cells if none).
 
     Raises:
@@ -196,7 +202,7 @@ def select(cells, only=(), aliases=None):
         return list(cells)
     chosen = []
     for text in only:
-        filters = parse_only(text, cells, aliases)
+        filters = parse_only(text, cells, aliases, types)
         match = [c for c in cells
                  if all(getattr(c, k) in v for k, v in filters.items())]
         if not match:
@@ -492,7 +498,8 @@ def prepare(study, args):
     cfg = study.load_config(args.config, args.set)
     if args.mpi:
         cfg = C.replace(cfg, distributed=True)
-    cells = select(study.cells(cfg), args.only, study.only_aliases)
+    cells = select(study.cells(cfg), args.only, study.only_aliases,
+                   study.only_types)
     if args.jobs < 1:
         raise ValueError('--jobs must be >= 1')
     if getattr(cfg, 'distributed', False) and args.jobs != 1:

@@ -274,6 +274,9 @@ class Table4Study(RC.TrainingStudy):
     """Accuracy with low-precision gradient communication, ± APS."""
     Config = Table4Config
     Cell = APSCell
+    #: ``--only format=E4M3`` is the grid's e4m3 (fp8_e4m3, OCP's E4M3
+    #: with 448 as its largest value, is another format)
+    only_types = {'format': C.FormatName}
     print_keys = TABLE4_PRINT_KEYS
     plots = TABLE4_PLOTS
     history = ['validation/main/accuracy']
