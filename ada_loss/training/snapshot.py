@@ -35,9 +35,35 @@ PREVIOUS = 'snapshot_previous'
 _REQUIRED_KEY = 'updater/iteration'
 
 
-def check_snapshot(path):
+class _KeyRecorder(chainer.serializer.Serializer):
+    """Walks a target's ``serialize`` as ``save_npz`` would and records the
+    key of every value, storing nothing (a save reads the state and
+    changes none of it; a load reads the same keys back)."""
+
+    def __init__(self, keys, path=''):
+        self.keys, self.path = keys, path
+
+    def __getitem__(self, key):
+        return _KeyRecorder(self.keys, self.path + key.strip('/') + '/')
+
+    def __call__(self, key, value):
+        self.keys.add(self.path + key.lstrip('/'))
+        return value
+
+
+def needed_keys(target):
+    """The keys of every array a snapshot must hold to load into
+    ``target`` (a trainer: the model, optimizer, updater, extensions)."""
+    keys = set()
+    target.serialize(_KeyRecorder(keys))
+    return keys
+
+
+def check_snapshot(path, needed=None):
     """``None`` if ``path`` is a complete, readable trainer snapshot, else
-    the reason it is not (a short text)."""
+    the reason it is not (a short text). ``needed``: the keys the trainer
+    loads (:func:`needed_keys`); a file that lacks any is incomplete (as
+    a truncated one: the caller falls back to the previous snapshot)."""
     try:
         with numpy.load(path, allow_pickle=False) as npz:
             names = list(npz.files)
@@ -50,6 +76,11 @@ def check_snapshot(path):
         return '{}: {}'.format(type(e).__name__, e)
     if _REQUIRED_KEY not in names:
         return 'not a trainer snapshot (no {})'.format(_REQUIRED_KEY)
+    missing = sorted(set(needed or ()) - set(names))
+    if missing:
+        return 'missing {} array{}: {}{}'.format(
+            len(missing), 's' if len(missing) > 1 else '',
+            ', '.join(missing[:3]), ', …' if len(missing) > 3 else '')
     return None
 
 
@@ -69,9 +100,10 @@ def load_with_fallback(trainer, folder, log=None):
     """
     log = log or (lambda text: print(text, file=sys.stderr, flush=True))
     tried = []
+    needed = needed_keys(trainer)
     for name in (LATEST, PREVIOUS):
         path = os.path.join(folder, name)
-        problem = check_snapshot(path)
+        problem = check_snapshot(path, needed)
         if problem is None:
             chainer.serializers.load_npz(path, trainer)
             if tried:
@@ -118,6 +150,7 @@ def write_snapshot(trainer, folder):
             os.replace(keep, os.path.join(folder, PREVIOUS))
             fault_point('snapshot_rotate')
         os.replace(tmp, latest)
+        fault_point('snapshot_done')
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -411,8 +411,9 @@ class ClassificationStudy(RC.TrainingStudy):
                 ('final_train_loss', train_loss)]
 
     def summarized(self, run, info, scaling):
-        if hasattr(scaling, 'loss_scales') and scaling.loss_scales():
-            alphas = list(scaling.loss_scales().values())
+        # the last step's α (also after a resume with no step left)
+        alphas = list(run.loss_scales.values())
+        if alphas:
             info['alpha_min'], info['alpha_max'] = min(alphas), max(alphas)
 
     def write_tables(self, cfg, out, quiet=False, train=True):
