@@ -41,7 +41,7 @@ from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.modes import column_label, mode_columns
-from ada_loss.experiment.runner import decide, run_locked
+from ada_loss.experiment.runner import config_changes, decide, run_locked
 from ada_loss.experiment.studies import classification
 from ada_loss.experiment.studies.classification import Cell
 from ada_loss.precision import parse_precision
@@ -137,8 +137,8 @@ class DepthStudy(classification.ClassificationStudy):
         """The tables, then Fig. 4 from its probed runs (trained here
         unless ``train`` is False: ``--table-only`` trains nothing and
         draws Fig. 4 only when its runs are there)."""
-        runs = collect(self, cfg, out)
-        t1, t4 = write_outputs(cfg, out, runs)
+        runs, left = collect(self, cfg, out)
+        t1, t4 = write_outputs(cfg, out, runs, left)
         if not quiet:
             print(t1)
             print(t4)
@@ -148,32 +148,69 @@ class DepthStudy(classification.ClassificationStudy):
         return None
 
 
+#: run-config keys that do not change a grid run's numbers, besides the
+#: runner's presentation keys (runner.PRESENTATION): not compared when an
+#: earlier edition's run is reused
+NOT_NUMBERS = ('table', 'log', 'study.reuse', 'study.fig4', 'study.fp32')
+
+
 def collect(study, cfg, out):
-    """{(precision, model, mode): [run.json dicts]} of the existing runs
-    (and of ``study.reuse``'s, see :data:`REUSABLE`); precision and mode
-    as text."""
-    runs = collections.defaultdict(list)
+    """``(runs, left_out)``: {(precision, model, mode): [run.json dicts]}
+    of the existing runs (and of ``study.reuse``'s, see :data:`REUSABLE`;
+    precision and mode as text), and ``[(run name, why)]`` of the reused
+    runs left out because their config is not this one (or unknown)."""
+    runs, left = collections.defaultdict(list), []
     for cell in study.cells(cfg):
         info = R.read_run(study.folder(out, cfg, cell))
+        key = (str(cell.precision), cell.model, str(cell.mode))
         if info:
-            runs[(str(cell.precision), cell.model, str(cell.mode))].append(
-                info)
+            runs[key].append(info)
         elif cfg.study.reuse and cell.mode.name in REUSABLE:
-            old = _reused(cfg.study.reuse).get(
-                (str(cell.precision), cell.model, str(cell.mode), cell.seed))
-            if old is not None:
-                runs[(str(cell.precision), cell.model, str(cell.mode))
-                     ].append(dict(old, reused=True))
-    return runs
+            old = _reused(cfg.study.reuse).get(key + (cell.seed,))
+            if old is None:
+                continue
+            why = reuse_changes(study, cfg, cell)
+            if why:
+                left.append((study.run_name(cfg, cell), why))
+            else:
+                runs[key].append(dict(old, reused=True))
+    return runs, left
+
+
+def reuse_changes(study, cfg, cell):
+    """Why a run of ``study.reuse`` does not fit this config: the keys that
+    determine its numbers and differ from the edition's config (the
+    ``config.yaml`` beside its results.json), or that there is none."""
+    edition = os.path.join(os.path.dirname(cfg.study.reuse), R.CONFIG_YAML)
+    if not os.path.exists(edition):
+        return 'no {} beside {} to check its config'.format(
+            R.CONFIG_YAML, cfg.study.reuse)
+    old = _edition(study, edition)
+    keys = [k for k in config_changes(
+        C.to_plain(study.run_config(old, cell)),
+        C.to_plain(study.run_config(cfg, cell)))
+        if not any(k == p or k.startswith(p + '.') for p in NOT_NUMBERS)]
+    return 'config differs ({})'.format(', '.join(keys)) if keys else None
+
+
+@functools.lru_cache(maxsize=4)
+def _edition(study, path):
+    """The config an earlier edition ran (checked like any config)."""
+    return study.load_config(path, ())
 
 
 @functools.lru_cache(maxsize=4)
 def _reused(path):
-    """{(precision, model, mode, seed): run dict} of a results.json."""
+    """{(precision, model, mode, seed): run dict} of a results.json (the
+    modes' canonical text)."""
     with open(path) as f:
         raw = json.load(f)
-    return {tuple(k.split('|')) + (r['seed'],): r
-            for k, rs in raw.items() for r in rs}
+    out = {}
+    for k, rs in raw.items():
+        precision, model, mode = k.split('|')
+        for r in rs:
+            out[precision, model, str(parse_mode(mode)), r['seed']] = r
+    return out
 
 
 def stats(runs):
@@ -473,7 +510,7 @@ def plot_fig4b(records, modes, path, title):
     return path
 
 
-def write_outputs(cfg, out, runs):
+def write_outputs(cfg, out, runs, left=()):
     folder = os.path.join(out, cfg.table)
     os.makedirs(folder, exist_ok=True)
     t1 = ('**Depth study: final test accuracy (%), Fashion-MNIST**\n\n'
@@ -488,7 +525,14 @@ def write_outputs(cfg, out, runs):
     if reused:
         t1 += ('\n{} runs (none, fixed, dynamic) are the earlier edition\'s '
                '(study.reuse: {}).\n'.format(reused, cfg.study.reuse))
+    if left:
+        t1 += ('\n{} runs of study.reuse ({}) left out, their config not '
+               'this one: {}.\n'.format(len(left), cfg.study.reuse, '; '.join(
+                   '{} ({})'.format(n, why) for n, why in left[:4]) + (
+                   '; …' if len(left) > 4 else '')))
     atomic.write_text(os.path.join(folder, 'table1.md'), t1)
+    # the config these runs ran, for a later edition's study.reuse
+    atomic.write_text(os.path.join(folder, R.CONFIG_YAML), C.dump(cfg))
     atomic.write_text(os.path.join(folder, 'table4.md'), t4)
     atomic.write_text(os.path.join(folder, 'results.json'), json.dumps(
         {'{}|{}|{}'.format(*k): [{key: r.get(key) for key in (
