@@ -137,12 +137,15 @@ def test_grid_order_and_only_filter():
                                                     ('adaptive', 1)]
     # a mode's options contain commas; values are parsed as the config does
     cfg = load(grid={'models': ['small_cnn'], 'datasets': ['digits'],
-                     'modes': ['adaptive:update_interval=10,t_uf=0.001',
+                     'modes': ['adaptive:update_interval=10,t_uf=0.0001',
                                'adaptive'], 'seeds': [0]})
     sel = runner.select(STUDY.cells(cfg), [
-        'mode=adaptive:t_uf=1e-3,update_interval=10,seed=0'])
+        'mode=adaptive:t_uf=1e-4,update_interval=10,seed=0'])
     assert [str(c.mode) for c in sel] == [
-        'adaptive:t_uf=0.001,update_interval=10']
+        'adaptive:t_uf=0.0001,update_interval=10']
+    # a default written out is the mode without it (canonical modes)
+    sel = runner.select(STUDY.cells(cfg), ['mode=adaptive:t_uf=1e-3'])
+    assert [str(c.mode) for c in sel] == ['adaptive']
     with pytest.raises(ValueError, match='bad --only mode=fixed:0'):
         runner.select(STUDY.cells(cfg), ['mode=fixed:0'])
     with pytest.raises(ValueError, match='matches no run'):
