@@ -451,8 +451,12 @@ class LastLossScales(chainer.training.Extension):
             serializer('alphas', numpy.array(list(alphas.values()),
                                              dtype=numpy.float64))
             return
-        layers = [k for k in str(serializer('layers', '')).split('\n') if k]
-        values = serializer('alphas', None)
+        try:
+            layers = [k for k in str(serializer('layers', '')).split('\n')
+                      if k]
+            values = serializer('alphas', None)
+        except KeyError:    # a snapshot written before this extension
+            return
         self.alphas = {k: float(v) for k, v in zip(layers, values)}
 
 

@@ -264,9 +264,11 @@ class RunFolderLock(object):
 
 
 # -- deciding and running cells ----------------------------------------------------
-#: keys of a run config that do not change its numbers (what the console
-#: shows, which table a run goes to, free text): not compared on a rerun
-PRESENTATION = ('description', 'layout', 'log.progress')
+#: keys of a run config that do not change its numbers: free text, the
+#: table layout, and the log section (what is recorded and shown: the
+#: console, intervals, plots, a probe or TensorBoard may change for the
+#: rest of a run, docs/fp8_diagnosis.md); not compared on a rerun
+PRESENTATION = ('description', 'layout', 'log')
 
 
 def changed_keys(old, new, prefix=''):

@@ -35,35 +35,9 @@ PREVIOUS = 'snapshot_previous'
 _REQUIRED_KEY = 'updater/iteration'
 
 
-class _KeyRecorder(chainer.serializer.Serializer):
-    """Walks a target's ``serialize`` as ``save_npz`` would and records the
-    key of every value, storing nothing (a save reads the state and
-    changes none of it; a load reads the same keys back)."""
-
-    def __init__(self, keys, path=''):
-        self.keys, self.path = keys, path
-
-    def __getitem__(self, key):
-        return _KeyRecorder(self.keys, self.path + key.strip('/') + '/')
-
-    def __call__(self, key, value):
-        self.keys.add(self.path + key.lstrip('/'))
-        return value
-
-
-def needed_keys(target):
-    """The keys of every array a snapshot must hold to load into
-    ``target`` (a trainer: the model, optimizer, updater, extensions)."""
-    keys = set()
-    target.serialize(_KeyRecorder(keys))
-    return keys
-
-
-def check_snapshot(path, needed=None):
+def check_snapshot(path):
     """``None`` if ``path`` is a complete, readable trainer snapshot, else
-    the reason it is not (a short text). ``needed``: the keys the trainer
-    loads (:func:`needed_keys`); a file that lacks any is incomplete (as
-    a truncated one: the caller falls back to the previous snapshot)."""
+    the reason it is not (a short text)."""
     try:
         with numpy.load(path, allow_pickle=False) as npz:
             names = list(npz.files)
@@ -76,11 +50,6 @@ def check_snapshot(path, needed=None):
         return '{}: {}'.format(type(e).__name__, e)
     if _REQUIRED_KEY not in names:
         return 'not a trainer snapshot (no {})'.format(_REQUIRED_KEY)
-    missing = sorted(set(needed or ()) - set(names))
-    if missing:
-        return 'missing {} array{}: {}{}'.format(
-            len(missing), 's' if len(missing) > 1 else '',
-            ', '.join(missing[:3]), ', …' if len(missing) > 3 else '')
     return None
 
 
@@ -99,13 +68,15 @@ def load_with_fallback(trainer, folder, log=None):
     the decision taken are reported through ``log`` (default: stderr).
     """
     log = log or (lambda text: print(text, file=sys.stderr, flush=True))
-    tried = []
-    needed = needed_keys(trainer)
+    tried, fresh = [], None
     for name in (LATEST, PREVIOUS):
         path = os.path.join(folder, name)
-        problem = check_snapshot(path, needed)
+        problem = check_snapshot(path)
         if problem is None:
-            chainer.serializers.load_npz(path, trainer)
+            if fresh is None:
+                fresh = _state_of(trainer)
+            problem = _load(path, trainer, fresh)
+        if problem is None:
             if tried:
                 log('[resume] {}: falling back to {} (iteration {})'.format(
                     folder, name, trainer.updater.iteration))
@@ -116,6 +87,30 @@ def load_with_fallback(trainer, folder, log=None):
         tried.append(name)
     log('[resume] {}: no readable snapshot ({}): starting afresh'.format(
         folder, ', '.join(tried)))
+    return None
+
+
+def _state_of(trainer):
+    """A copy of every array a save of ``trainer`` holds (its state as
+    built, before a load)."""
+    saver = chainer.serializers.DictionarySerializer()
+    saver.save(trainer)
+    return {k: numpy.array(v, copy=True) for k, v in saver.target.items()}
+
+
+def _load(path, trainer, fresh):
+    """Loads ``path`` into ``trainer``; ``None``, or why it could not: a
+    snapshot that opens but lacks an array the model, optimizer, updater or
+    an extension needs (``load_npz`` raises KeyError half-way). The trainer
+    is then put back as it was built (``fresh``: :func:`_state_of`), so the
+    next candidate, or a fresh start, begins from a clean state."""
+    try:
+        chainer.serializers.load_npz(path, trainer)
+    except KeyError as e:
+        chainer.serializers.NpzDeserializer(fresh, strict=False).load(
+            trainer)
+        return 'missing array: {}'.format(str(e.args[0] if e.args else e)
+                                          .split(' is not')[0])
     return None
 
 

@@ -210,14 +210,14 @@ def test_modes_and_precisions_are_parsed_once_and_written_as_text():
     assert cfg.train.precision.bwd.name == 'fp8_e5m2'
     assert [p.name for p in cfg.grid.precisions] == [
         'bf16', 'fwd=float16,bwd=e4m3']
-    assert cfg.grid.modes[0].options == {'t_uf': 0.001}
+    assert cfg.grid.modes[0].options == {}      # t_uf=0.001: the default
     assert load().grid.modes[0] == parse_mode('fp32')     # a default
     plain = C.to_dict(cfg)
     assert plain['train']['precision'] == 'fp8'
     assert plain['grid']['precisions'] == ['bf16', 'fwd=float16,bwd=e4m3']
-    assert plain['grid']['modes'] == ['adaptive:t_uf=0.001']
+    assert plain['grid']['modes'] == ['adaptive']
     assert C.load(Config, raw=yaml.safe_load(C.dump(cfg))) == cfg
     cell = STUDY.cells(cfg)[0]
     assert STUDY.run_config(cfg, cell)['run'] == {
         'model': 'resnet20', 'dataset': 'cifar10',
-        'mode': 'adaptive:t_uf=0.001', 'seed': 0, 'precision': 'bf16'}
+        'mode': 'adaptive', 'seed': 0, 'precision': 'bf16'}

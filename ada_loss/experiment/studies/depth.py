@@ -151,7 +151,7 @@ class DepthStudy(classification.ClassificationStudy):
 #: run-config keys that do not change a grid run's numbers, besides the
 #: runner's presentation keys (runner.PRESENTATION): not compared when an
 #: earlier edition's run is reused
-NOT_NUMBERS = ('table', 'log', 'study.reuse', 'study.fig4', 'study.fp32')
+NOT_NUMBERS = ('table', 'study.reuse', 'study.fig4', 'study.fp32')
 
 
 def collect(study, cfg, out):
