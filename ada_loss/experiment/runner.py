@@ -89,6 +89,10 @@ class Study(object):
         out.update((k, v) for k, v in C.to_dict(cfg).items() if k != 'grid')
         return out
 
+    #: dotted keys of the run config that change none of its numbers
+    #: besides :data:`PRESENTATION` (e.g. a study's own settings of what it
+    #: draws after the grid): not compared on a rerun
+    not_compared = ()
     #: dotted keys of the run config that say where training stops:
     #: ``--resume`` continues a finished run when they changed, and they may
     #: change under ``--resume`` (any other key may not)
@@ -283,12 +287,13 @@ def changed_keys(old, new, prefix=''):
     return keys
 
 
-def config_changes(saved, current):
+def config_changes(saved, current, ignored=()):
     """The dotted keys that determine a run's numbers and differ between
     its ``config.yaml`` (``saved``) and the current config (presentation
-    keys, :data:`PRESENTATION`, left out)."""
+    keys, :data:`PRESENTATION`, and ``ignored`` left out)."""
+    skip = PRESENTATION + tuple(ignored)
     return [k for k in changed_keys(saved, current)
-            if not any(k == p or k.startswith(p + '.') for p in PRESENTATION)]
+            if not any(k == p or k.startswith(p + '.') for p in skip)]
 
 
 class RunRefused(ValueError):
@@ -329,7 +334,7 @@ def decide(study, cfg, cell, out, resume, force):
         changed, note = None, '; its config.yaml is missing or unreadable, ' \
             '--force reruns'
     else:
-        changed = config_changes(saved, current)
+        changed = config_changes(saved, current, study.not_compared)
         note = '' if not changed else '; config changed since ({}), ' \
             '--force reruns'.format(_keys_text(changed))
     moved = [k for k in changed or () if k in study.stop_keys]

@@ -62,7 +62,8 @@ def test_depth_table_only_does_not_train_fig4(tmp_path, capsys,
     """A finished fixed run makes Fig. 4 want its three probed runs: with
     --table-only none is trained (the issue: three ResNet-110 runs)."""
     out = tmp_path / 'out'
-    run = out / 'depth_study' / 'fp8_e4m3' / 'resnet20-fashion_mnist-fixed_16-s0'
+    run = (out / 'depth_study' / 'fp8_e4m3' /
+           'resnet20-fashion_mnist-fixed_16-s0')
     run.mkdir(parents=True)
     (run / 'run.json').write_text(json.dumps({
         'name': run.name, 'status': 'finished', 'seed': 0,

@@ -59,6 +59,12 @@ FP32, FLOAT32 = parse_mode('fp32'), parse_precision('float32')
 #: which the overflow guard and the layer-wise changes do not touch
 REUSABLE = ('fp32', 'none', 'fixed', 'dynamic')
 
+#: run-config keys that do not change a grid run's numbers, besides the
+#: runner's presentation keys (runner.PRESENTATION): not compared on a
+#: rerun (DepthStudy.not_compared), nor, with the folder's name, when an
+#: earlier edition's run is reused
+NOT_NUMBERS = ('study.reuse', 'study.fig4', 'study.fp32')
+
 
 @dataclasses.dataclass
 class Fig4:
@@ -112,6 +118,7 @@ class DepthStudy(classification.ClassificationStudy):
     """The grid's runs are the classification study's (one folder per
     precision), on downsampled images; the tables and Fig. 4 at the end."""
     Config = Config
+    not_compared = NOT_NUMBERS
 
     def cells(self, cfg):
         """FP32 cells (precision float32) then every mode in every precision
@@ -148,12 +155,6 @@ class DepthStudy(classification.ClassificationStudy):
         return None
 
 
-#: run-config keys that do not change a grid run's numbers, besides the
-#: runner's presentation keys (runner.PRESENTATION): not compared when an
-#: earlier edition's run is reused
-NOT_NUMBERS = ('table', 'study.reuse', 'study.fig4', 'study.fp32')
-
-
 def collect(study, cfg, out):
     """``(runs, left_out)``: {(precision, model, mode): [run.json dicts]}
     of the existing runs (and of ``study.reuse``'s, see :data:`REUSABLE`;
@@ -186,10 +187,9 @@ def reuse_changes(study, cfg, cell):
         return 'no {} beside {} to check its config'.format(
             R.CONFIG_YAML, cfg.study.reuse)
     old = _edition(study, edition)
-    keys = [k for k in config_changes(
-        C.to_plain(study.run_config(old, cell)),
-        C.to_plain(study.run_config(cfg, cell)))
-        if not any(k == p or k.startswith(p + '.') for p in NOT_NUMBERS)]
+    keys = config_changes(C.to_plain(study.run_config(old, cell)),
+                          C.to_plain(study.run_config(cfg, cell)),
+                          study.not_compared + ('table',))
     return 'config differs ({})'.format(', '.join(keys)) if keys else None
 
 
