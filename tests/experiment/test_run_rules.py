@@ -178,3 +178,32 @@ def test_unwritable_results_folder_is_one_error_line(tiny_config, tmp_path,
     assert err == 'error: cannot write results under {}: {} is not ' \
         'writable\n'.format(os.path.join(str(ro), 'tiny'), ro)
     assert os.listdir(str(ro)) == []
+
+
+def test_decide_compares_only_what_determines_the_numbers(tmp_path):
+    """The rule itself, on a depth-study cell (no training): its study's
+    after-the-grid settings and the log section may change under --resume;
+    a data key may not; a raised stop point is continued."""
+    from ada_loss.experiment import config as C
+    from ada_loss.experiment.studies import depth
+    study = depth.STUDY
+    sets = ['grid.models=[resnet20]', 'grid.seeds=[0]', 'grid.modes=[none]',
+            'grid.fixed_scales=[]', 'grid.precisions=[fp8_e4m3]']
+    cfg = study.load_config(None, sets)
+    cell = study.cells(cfg)[-1]
+    folder = study.folder(str(tmp_path), cfg, cell)
+    os.makedirs(folder)
+    with open(os.path.join(folder, 'config.yaml'), 'w') as f:
+        f.write(C.dump(study.run_config(cfg, cell)))
+    R.write_run(folder, {'status': R.RUNNING})
+    open(os.path.join(folder, 'snapshot_latest'), 'w').close()
+
+    def decide(*more):
+        return runner.decide(study, study.load_config(None, sets + list(
+            more)), cell, str(tmp_path), True, False)
+    assert decide('study.fig4.run=false', 'study.reuse=x.json',
+                  'log.plot=false', 'log.probe_every=3') == \
+        ('resume', 'unfinished')
+    assert decide('train.epochs=9') == ('resume', 'unfinished')
+    action, reason = decide('data.train_size=100')
+    assert action == 'refuse' and '(data.train_size)' in reason
