@@ -94,7 +94,13 @@ def _state_of(trainer):
     """A copy of every array a save of ``trainer`` holds (its state as
     built, before a load)."""
     saver = chainer.serializers.DictionarySerializer()
-    saver.save(trainer)
+    try:
+        saver.save(trainer)
+    except RuntimeError:
+        # a trainer not started yet (a direct call, not Snapshot.initialize)
+        # has no elapsed time, which Trainer.serialize writes last: every
+        # other array is saved
+        pass
     return {k: numpy.array(v, copy=True) for k, v in saver.target.items()}
 
 
