@@ -162,9 +162,9 @@ class Fp8DiagnosisStudy(ClassificationStudy):
     """The classification study with the diagnosis in its tables."""
 
     def write_tables(self, cfg, out, quiet=False, train=True):
-        """The precision table and ``modes.md`` (printed: the precision
-        table merges the variants this study compares), then the diagnosis
-        of every probed cell."""
+        """The precision table and ``modes.md`` (printed: one row per
+        mode, the variants this study compares one under the other), then
+        the diagnosis of every probed cell."""
         table = super(Fp8DiagnosisStudy, self).write_tables(cfg, out, True)
         results = os.path.join(out, cfg.table)
         if not quiet:
