@@ -7,7 +7,7 @@ ada_loss/experiment/studies/depth.py and configs/depth_study.yaml.
         [--jobs 2] [--out results] [--force] [--table-only] [--only ...]
 
 Resumable: finished runs are skipped, unfinished ones resume from their
-snapshot (--resume). Writes <out>/<table>/table1.md, table4.md, fig4a.png,
+snapshot with --resume (as in every entry). Writes <out>/<table>/table1.md, table4.md, fig4a.png,
 fig4b.png, fig4_records.csv, results.json (from the runs finished so far).
 Takes the options of every entry (docs/harness.md).
 """
@@ -24,4 +24,4 @@ CONFIG = os.path.join(os.path.dirname(__file__), '..', 'configs',
 if __name__ == '__main__':
     sys.exit(main(STUDY, default_config=os.path.normpath(CONFIG),
                   description=__doc__.split('\n')[0],
-                  defaults={'jobs': 2, 'resume': True}))
+                  defaults={'jobs': 2}))

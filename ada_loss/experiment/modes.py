@@ -30,3 +30,40 @@ def grid_modes(modes, fixed_scales):
 def mode_slug(mode):
     """A mode as a folder-name part (``fixed:128`` -> ``fixed_128``)."""
     return str(parse_mode(mode)).replace(':', '_').replace(',', '_')
+
+
+#: a mode's table column, by its name (fixed scales have columns of their
+#: own: Fixed (best) / (worst), or one per S)
+LABELS = {'fp32': 'FP32', 'none': 'None', 'dynamic': 'Dynamic',
+          'adaptive': 'Adaptive', 'amax': 'Amax'}
+
+
+def column_label(mode):
+    """The column name of a mode: ``Adaptive (paper)`` for ``adaptive``
+    without its overflow guard (Algorithms 3-4 as written), else the
+    name's label (:data:`LABELS`)."""
+    spec = parse_mode(mode)
+    if spec.name == 'adaptive' and spec.options.get('guard') is False:
+        return 'Adaptive (paper)'
+    return LABELS.get(spec.name, spec.name)
+
+
+def mode_columns(modes):
+    """``[(label, mode text)]``: one column per distinct mode of ``modes``
+    (none fixed), in :data:`MODE_ORDER`. A column holds the runs of one
+    mode only: where two modes would share a label
+    (``dynamic`` and ``dynamic:style=chainer``), each is labelled by its
+    canonical text instead (issue 39: a cell never averages two modes)."""
+    specs = sorted({parse_mode(m) for m in modes}, key=mode_sort_key)
+    labels = [column_label(s) for s in specs]
+    return [(label if labels.count(label) == 1 else str(s), str(s))
+            for label, s in zip(labels, specs)]
+
+
+def canonical_mode(text):
+    """The canonical text of a mode as ``run.json`` records it (earlier
+    runs may hold another spelling), or None if it does not parse."""
+    try:
+        return str(parse_mode(text))
+    except ValueError:
+        return None

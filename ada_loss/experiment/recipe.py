@@ -84,6 +84,7 @@ from ada_loss.training.precision_setup import setup_optimizer
 from ada_loss.training.distributed import (
     DistributedMixedPrecisionUpdater, create_multi_node_optimizer,
     prime_multi_node_optimizer)
+from ada_loss.training.faults import fault_point
 from ada_loss.training.triggers import IntervalOrEnd, StopAt
 
 
@@ -388,6 +389,9 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
     trainer.extend(E.observe_lr(), trigger=(1, 'iteration'))
     trainer.extend(AE.FP32MasterWeights(optimizer))
     trainer.extend(RandomStates(), name='RandomStates')
+    if hasattr(scaling, 'loss_scales'):
+        trainer.extend(LastLossScales(scaling), name='LastLossScales',
+                       trigger=lambda _: False)
     writer = is_writer(comm)
     trainer.extend(Snapshot(autoload=resuming), name='snapshot',
                    trigger=every('snapshot_interval') if writer
@@ -420,6 +424,49 @@ def extend_trainer(trainer, stop, log_cfg, evaluator, lr_schedule,
         trainer.extend(TensorBoardWriter(
             scaling, log_cfg.loss_scale_interval, metrics=print_keys,
             hparams=lambda: run_hparams(R.read_run(trainer.out))))
+
+
+class LastLossScales(chainer.training.Extension):
+    """The per-layer α of the last step in the snapshot, so that a run
+    resumed from its final snapshot (killed before ``run.json`` was final:
+    no step left to train) still reports them (issue 39 item 10; the
+    method's records exist only after a backward). Never triggered: it
+    only serializes."""
+
+    def __init__(self, scaling):
+        self.scaling = scaling
+        self.alphas = {}
+
+    def __call__(self, trainer):
+        pass
+
+    def last(self):
+        """{layer: α} of the last step (live, else as loaded)."""
+        return dict(self.scaling.loss_scales() or self.alphas)
+
+    def serialize(self, serializer):
+        if isinstance(serializer, chainer.serializer.Serializer):
+            alphas = self.last()
+            serializer('layers', '\n'.join(alphas))
+            serializer('alphas', numpy.array(list(alphas.values()),
+                                             dtype=numpy.float64))
+            return
+        try:
+            layers = [k for k in str(serializer('layers', '')).split('\n')
+                      if k]
+            values = serializer('alphas', None)
+        except KeyError:    # a snapshot written before this extension
+            return
+        self.alphas = {k: float(v) for k, v in zip(layers, values)}
+
+
+def final_loss_scales(trainer):
+    """{layer: α} of the run's last step (:class:`LastLossScales`), or
+    {} (a mode without per-layer scales)."""
+    try:
+        return trainer.get_extension('LastLossScales').last()
+    except ValueError:
+        return {}
 
 
 def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
@@ -463,6 +510,7 @@ def run_trainer(trainer, updater, info, folder, finalize, log_cfg,
             trainer.run(show_loop_exception_msg=False)
     except NonFiniteGradientError as e:
         error = str(e)
+    fault_point('run_end')
     snapshot = trainer.get_extension('snapshot')
     info['resumed_from'] = snapshot.loaded_from
     info['resumed'] = snapshot.loaded_from is not None
@@ -596,11 +644,20 @@ class TrainingStudy(Study):
                       lambda diverged: self.metrics(run, trainer, updater,
                                                     diverged),
                       epoch=self.records_epoch)
+            run.loss_scales = final_loss_scales(trainer)
             self.summarized(run, info, scaling)
 
-        return run_trainer(trainer, updater, info, folder, finalize,
-                           run.log, comm,
-                           threads=getattr(cfg, 'blas_threads', 1))
+        try:
+            return run_trainer(trainer, updater, info, folder, finalize,
+                               run.log, comm,
+                               threads=getattr(cfg, 'blas_threads', 1))
+        except KeyboardInterrupt:
+            # Ctrl-C: not "running" any more; --resume continues it
+            if is_writer(comm):
+                info.update(status=R.INTERRUPTED, updated=now(),
+                            iterations=updater.iteration)
+                R.write_run(folder, info)
+            raise
 
     # -- hooks -----------------------------------------------------------------------
     def setup(self, cfg, cell, comm=None):

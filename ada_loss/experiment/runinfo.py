@@ -4,7 +4,8 @@ Fields: ``name``, ``table``, ``model``, ``dataset``, ``mode`` (the mode
 string with its options, ``str(parse_mode(mode))``), ``mode_name``,
 ``mode_options``, ``seed``, ``precision`` (its canonical name),
 ``git_commit`` (``git rev-parse
-HEAD`` or null), ``status`` (``running`` / ``finished`` / ``diverged``),
+HEAD`` or null), ``status`` (``running`` / ``finished`` / ``diverged`` /
+``interrupted``: stopped by Ctrl-C),
 ``final_test_accuracy`` and ``best_test_accuracy`` (fractions in [0, 1];
 null when diverged), ``final_test_loss``, ``final_train_loss``,
 ``skipped_steps``, ``iterations``, ``epoch``, ``wall_time_s``, ``world_size``,
@@ -33,7 +34,9 @@ CONFIG_YAML = 'config.yaml'
 SNAPSHOT = 'snapshot_latest'
 
 RUNNING, FINISHED, DIVERGED = 'running', 'finished', 'diverged'
-STATUSES = (RUNNING, FINISHED, DIVERGED)
+#: a run stopped by Ctrl-C (KeyboardInterrupt): unfinished, not running
+INTERRUPTED = 'interrupted'
+STATUSES = (RUNNING, FINISHED, DIVERGED, INTERRUPTED)
 
 
 def git_commit(cwd=None):

@@ -23,8 +23,10 @@ its cells, how one cell trains and which tables it builds — and calls
 * A run folder is locked while a process trains in it
   (:class:`RunFolderLock`): a second process gets an error naming the
   folder and the holder's pid.
-* A bad config, a bad ``--only`` or missing data ends the command with one
-  ``error:`` line (exit status 2) before anything trains.
+* A bad config, a bad ``--only``, missing data, an unwritable results
+  folder or a refused run (:func:`decide`) ends the command with one
+  ``error:`` line (exit status 2) before anything is created; Ctrl-C ends
+  it with one line on how to continue (``--resume``).
 * Under ``mpiexec -n P`` with ``--mpi`` (or ``distributed: true``) every
   cell is trained data-parallel on P ranks with ChainerMN; rank 0 writes.
 """
@@ -41,6 +43,7 @@ import time
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.training.distributed import create_communicator
+from ada_loss.training.snapshot import snapshot_candidates
 
 
 class Study(object):
@@ -53,6 +56,10 @@ class Study(object):
     Cell = None
     #: ``--only`` key aliases, e.g. ``{'batch': 'batchsize'}``
     only_aliases = {}
+    #: ``--only`` keys whose text is parsed by a config value type (as the
+    #: config parses the cells' values), e.g. ``{'format': C.FormatName}``
+    #: (modes and precisions are found from the cells' values)
+    only_types = {}
 
     def load_config(self, path, overrides):
         """The checked config of a file and ``--set`` overrides."""
@@ -82,10 +89,14 @@ class Study(object):
         out.update((k, v) for k, v in C.to_dict(cfg).items() if k != 'grid')
         return out
 
-    def stop_point(self, run_config):
-        """The part of a run config that says where training stops
-        (``--resume`` continues a finished run when it changed)."""
-        return None
+    #: dotted keys of the run config that change none of its numbers
+    #: besides :data:`PRESENTATION` (e.g. a study's own settings of what it
+    #: draws after the grid): not compared on a rerun
+    not_compared = ()
+    #: dotted keys of the run config that say where training stops:
+    #: ``--resume`` continues a finished run when they changed, and they may
+    #: change under ``--resume`` (any other key may not)
+    stop_keys = ()
 
     def preload(self, cfg, cells):
         """Loads what the cells need (missing files fail here, before any
@@ -97,9 +108,11 @@ class Study(object):
         ``run.json`` dict."""
         raise NotImplementedError
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         """Builds the study's tables from ``<out>/<table>/``; returns the
-        main one (or None)."""
+        main one (or None). ``train`` False (``--table-only``): a study
+        whose outputs need runs of their own (the depth study's Fig. 4)
+        trains none and says what is missing."""
         return None
 
     def summary(self, info):
@@ -120,11 +133,12 @@ class Study(object):
 
 
 # -- --only -------------------------------------------------------------------------
-def _normalize(key, value, example):
+def _normalize(key, value, example, parsed=None):
     """A ``--only`` value as the cells hold it: parsed as the config parses
-    the cells' values (a mode, a precision: :func:`C.value_type_of`), or as
-    a bool, int or float like the cells' values."""
-    parsed = C.value_type_of(example)
+    the cells' values (``parsed``, or a mode, a precision:
+    :func:`C.value_type_of`), or as a bool, int or float like the cells'
+    values."""
+    parsed = parsed or C.value_type_of(example)
     if parsed is not None:
         try:
             return parsed.parse(value, key)
@@ -153,10 +167,11 @@ def _normalize(key, value, example):
     return value
 
 
-def parse_only(text, cells, aliases=None):
+def parse_only(text, cells, aliases=None, types=None):
     """``'model=resnet20,mode=adaptive|fp32,seed=0'`` -> {field: set of
-    values}, keys being the cells' fields (or ``aliases`` of them)."""
-    aliases = aliases or {}
+    values}, keys being the cells' fields (or ``aliases`` of them), values
+    parsed by ``types[field]`` where given."""
+    aliases, types = aliases or {}, types or {}
     fields = cells[0]._fields if cells else ()
     keys = tuple(fields) + tuple(aliases)
     filters, last = {}, None
@@ -175,12 +190,12 @@ def parse_only(text, cells, aliases=None):
     out = {}
     for key, values in filters.items():
         example = getattr(cells[0], key)
-        out[key] = {_normalize(key, v, example) for value in values
-                    for v in value.split('|')}
+        out[key] = {_normalize(key, v, example, types.get(key))
+                    for value in values for v in value.split('|')}
     return out
 
 
-def select(cells, only=(), aliases=None):
+def select(cells, only=(), aliases=None, types=None):
     """Cells matching any of the ``--only`` texts (all cells if none).
 
     Raises:
@@ -191,7 +206,7 @@ def select(cells, only=(), aliases=None):
         return list(cells)
     chosen = []
     for text in only:
-        filters = parse_only(text, cells, aliases)
+        filters = parse_only(text, cells, aliases, types)
         match = [c for c in cells
                  if all(getattr(c, k) in v for k, v in filters.items())]
         if not match:
@@ -253,6 +268,13 @@ class RunFolderLock(object):
 
 
 # -- deciding and running cells ----------------------------------------------------
+#: keys of a run config that do not change its numbers: free text, the
+#: table layout, and the log section (what is recorded and shown: the
+#: console, intervals, plots, a probe or TensorBoard may change for the
+#: rest of a run, docs/fp8_diagnosis.md); not compared on a rerun
+PRESENTATION = ('description', 'layout', 'log')
+
+
 def changed_keys(old, new, prefix=''):
     """Dotted keys whose values differ between two nested dicts."""
     keys = []
@@ -265,29 +287,97 @@ def changed_keys(old, new, prefix=''):
     return keys
 
 
+def config_changes(saved, current, ignored=()):
+    """The dotted keys that determine a run's numbers and differ between
+    its ``config.yaml`` (``saved``) and the current config (presentation
+    keys, :data:`PRESENTATION`, and ``ignored`` left out)."""
+    skip = PRESENTATION + tuple(ignored)
+    return [k for k in changed_keys(saved, current)
+            if not any(k == p or k.startswith(p + '.') for p in skip)]
+
+
+class RunRefused(ValueError):
+    """Runs that the command would continue or restart against what it
+    was told (a changed config, an unfinished run without ``--resume``)."""
+
+
+def _keys_text(keys):
+    return ', '.join(keys[:6]) + (', …' if len(keys) > 6 else '')
+
+
 def decide(study, cfg, cell, out, resume, force):
-    """``('run' | 'resume' | 'skip', reason)`` for one cell."""
+    """``('run' | 'resume' | 'skip' | 'refuse', reason)`` for one cell.
+
+    A finished (or diverged) run is skipped, naming the keys changed since
+    (``--force`` reruns); with ``--resume`` it continues when only its
+    stop point (:attr:`Study.stop_keys`) changed. An unfinished run (status
+    ``running`` or ``interrupted``, or snapshots without ``run.json``)
+    continues with ``--resume`` when its config is the same but for the
+    stop point, and is refused otherwise (``--force`` restarts it): one
+    behaviour for every entry, and never two configs in one run.
+    """
     folder = study.folder(out, cfg, cell)
     info = R.read_run(folder)
     status = info and info.get('status')
-    if force or status is None:
+    if force:
         return 'run', 'new' if status is None else 'forced'
+    if status is None and not snapshot_candidates(folder):
+        return 'run', 'new'
+    name = study.run_name(cfg, cell)
+    path = os.path.join(folder, R.CONFIG_YAML)
     try:
-        saved = C.read_yaml(os.path.join(folder, R.CONFIG_YAML))
+        saved = C.read_yaml(path)
     except C.ConfigError:
-        saved = {}
-    current = study.run_config(cfg, cell)
-    changed = [k for k in changed_keys(saved, current)
-               if k != 'description']
-    note = '' if not changed else '; config changed since ({}), --force ' \
-        'reruns'.format(', '.join(changed[:4]))
+        saved = None
+    current = C.to_plain(study.run_config(cfg, cell))
+    if saved is None:
+        changed, note = None, '; its config.yaml is missing or unreadable, ' \
+            '--force reruns'
+    else:
+        changed = config_changes(saved, current, study.not_compared)
+        note = '' if not changed else '; config changed since ({}), ' \
+            '--force reruns'.format(_keys_text(changed))
+    moved = [k for k in changed or () if k in study.stop_keys]
+    other = None if changed is None else [k for k in changed
+                                          if k not in study.stop_keys]
     if status == R.DIVERGED:
         return 'skip', 'diverged before' + note
     if status == R.FINISHED:
-        if resume and study.stop_point(saved) != study.stop_point(current):
+        if resume and moved and not other:
             return 'resume', 'stop point changed'
         return 'skip', 'finished' + note
-    return ('resume', 'unfinished') if resume else ('run', 'restart')
+    # unfinished: a run that stopped (or lost its run.json) mid-way
+    what = 'unfinished' if status else 'unfinished (run.json missing)'
+    if not resume:
+        return 'refuse', ('{}: {}; --resume continues it from its snapshot, '
+                          '--force restarts it'.format(name, what))
+    if other is None:
+        return 'refuse', ('{}: {}, and its config.yaml is missing or '
+                          'unreadable, so --resume cannot check that the '
+                          'config is the same; --force restarts it'.format(
+                              name, what))
+    if other:
+        return 'refuse', ('{}: config changed since it started ({}); '
+                          '--resume would continue it under another config: '
+                          'undo the change, or --force restarts it'.format(
+                              name, _keys_text(other)))
+    return 'resume', what
+
+
+def plan_cells(study, cfg, cells, out, resume=False, force=False):
+    """``[(cell, action, reason)]`` of :func:`decide`.
+
+    Raises:
+        RunRefused: naming every refused run, before anything runs.
+    """
+    plan = [(c,) + decide(study, cfg, c, out, resume, force) for c in cells]
+    refused = [reason for _, action, reason in plan if action == 'refuse']
+    if refused:
+        raise RunRefused('{} run{} not run: {}{}'.format(
+            len(refused), 's' if len(refused) > 1 else '',
+            ' | '.join(refused[:4]), ' | and {} more'.format(
+                len(refused) - 4) if len(refused) > 4 else ''))
+    return plan
 
 
 def run_locked(study, cfg, cell, out, resume=False, comm=None, cache=None):
@@ -307,12 +397,14 @@ def _run_in_worker(study, cfg, cell, out, resume, cache):
 
 
 def run_cells(study, cfg, cells, out, resume=False, force=False, comm=None,
-              jobs=1, log=print, cache=None):
+              jobs=1, log=print, cache=None, plan=None):
     """Runs the cells that :func:`decide` does not skip, ``jobs`` at a time
     (worker processes) or in turn; returns their run.json dicts.
-    ``cache``: what :meth:`Study.preload` returned (loaded here if None)."""
+    ``cache``: what :meth:`Study.preload` returned (loaded here if None);
+    ``plan``: what :func:`plan_cells` returned (made here if None)."""
     rank0 = comm is None or comm.rank == 0
-    plan = [(c,) + decide(study, cfg, c, out, resume, force) for c in cells]
+    if plan is None:
+        plan = plan_cells(study, cfg, cells, out, resume, force)
     todo = [(c, action) for c, action, _ in plan if action != 'skip']
     if rank0:
         log('[grid] {} runs selected: {} to train, {} skipped'.format(
@@ -413,7 +505,8 @@ def prepare(study, args):
     cfg = study.load_config(args.config, args.set)
     if args.mpi:
         cfg = C.replace(cfg, distributed=True)
-    cells = select(study.cells(cfg), args.only, study.only_aliases)
+    cells = select(study.cells(cfg), args.only, study.only_aliases,
+                   study.only_types)
     if args.jobs < 1:
         raise ValueError('--jobs must be >= 1')
     if getattr(cfg, 'distributed', False) and args.jobs != 1:
@@ -426,11 +519,31 @@ def _error(e):
     return 2
 
 
+def check_writable(path):
+    """Raises ValueError unless ``path`` (or, where it does not exist yet,
+    the folder it would be made in) can be written: one error line before
+    anything is created, not a PermissionError half-way."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise ValueError('cannot write results under {}: {} is not a '
+                         'folder'.format(path, probe))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError('cannot write results under {}: {} is not '
+                         'writable'.format(path, probe))
+
+
 def main(study, argv=None, default_config=None, description=None,
          defaults=None, after=None):
     """The entry point of every ``experiments/*.py``: parse, check, run the
     cells, build the tables. ``after(cfg, args, table)`` runs on rank 0 at
-    the end. Returns the exit status."""
+    the end. Returns the exit status: 0, 2 for a user error (one
+    ``error:`` line, before anything is created), 130 when interrupted
+    (Ctrl-C: one line saying how to continue)."""
     args = parse_args(argv, default_config, description, defaults)
     if args.help_config:
         print('\n'.join(C.describe(study.Config) + list(
@@ -446,24 +559,39 @@ def main(study, argv=None, default_config=None, description=None,
             print('{:<45s} {}'.format(study.run_name(cfg, c),
                                       (info or {}).get('status', '-')))
         return 0
+    table_dir = os.path.join(args.out, cfg.table)
     comm = None
-    if not args.table_only:
+    if args.table_only:
+        if not R.find_runs(table_dir):
+            return _error('no runs under {} to build tables from (--table-'
+                          'only trains nothing; leave it out to train the '
+                          'grid)'.format(table_dir))
+    else:
         try:
-            cache = study.preload(cfg, cells)
-        except (OSError, ValueError) as e:   # DatasetNotFoundError, files
+            plan = plan_cells(study, cfg, cells, args.out, args.resume,
+                              args.force)
+            check_writable(table_dir)
+            cache = study.preload(cfg, [c for c, action, _ in plan
+                                        if action != 'skip'])
+        except (OSError, ValueError) as e:   # refused; DatasetNotFoundError
             return _error(e)
         if getattr(cfg, 'distributed', False):
             comm = create_communicator('naive')
         try:
             run_cells(study, cfg, cells, args.out, args.resume, args.force,
-                      comm, args.jobs, cache=cache)
-        except (RunFolderLocked, C.ConfigError) as e:   # lock; ranks
-            return _error(e)
+                      comm, args.jobs, cache=cache, plan=plan)
+        except (RunFolderLocked, C.ConfigError, PermissionError) as e:
+            return _error(e)                 # lock; ranks; permissions
+        except KeyboardInterrupt:
+            print('\ninterrupted: the run stopped at its last snapshot (its '
+                  'run.json says "interrupted"); the same command with '
+                  '--resume continues it', file=sys.stderr)
+            return 130
     if comm is not None and comm.rank != 0:
         return 0
     table = None
     if not args.no_table:
-        table = study.write_tables(cfg, args.out)
+        table = study.write_tables(cfg, args.out, train=not args.table_only)
     if after is not None:
         after(cfg, args, table)
     return 0

@@ -296,9 +296,16 @@ _CLASSES = {'pytorch': DynamicLossScale, 'chainer': ChainerLossScale,
 
 def style_options(style):
     """The option names a style accepts, in signature order."""
+    return list(style_defaults(style))
+
+
+def style_defaults(style):
+    """{option: default} of a style, in signature order (what a mode's
+    canonical text leaves out: :func:`ada_loss.scaling.parse_mode`)."""
     cls = _CLASSES[check_style(style)]
-    return [p for p in inspect.signature(cls.__init__).parameters
-            if p != 'self']
+    return {k: p.default for k, p in
+            inspect.signature(cls.__init__).parameters.items()
+            if k != 'self'}
 
 
 _SOURCES = {

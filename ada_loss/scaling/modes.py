@@ -5,6 +5,7 @@ import inspect
 import math
 
 from ada_loss.formats import get_format
+from ada_loss.loss_scale.dynamic import check_style, style_defaults
 from ada_loss.precision import parse_precision
 from ada_loss.scaling.methods import (
     AdaptiveScaling, AmaxScaling, DynamicScaling, FixedScaling, NoScaling)
@@ -18,7 +19,15 @@ _MODE_HELP = ('fp32, none, fixed:S (S a positive number, e.g. fixed:128), '
 
 class LossScalingSpec(collections.namedtuple('LossScalingSpec',
                                              ('name', 'options'))):
-    """A parsed mode: ``name`` in :data:`MODES`, ``options`` a dict."""
+    """A parsed mode: ``name`` in :data:`MODES`, ``options`` a dict.
+
+    :func:`parse_mode` makes it canonical (as :func:`parse_precision` does
+    a precision): the name and text values lower case, options equal to
+    their default left out, so every spelling of one mode is one spec, and
+    ``str(spec)`` (:meth:`text`) its one canonical text (``DYNAMIC:style=
+    Chainer`` -> ``dynamic:style=chainer``; ``dynamic:style=pytorch`` ->
+    ``dynamic``; ``amax:margin=8`` -> ``amax``), used for folder names,
+    ``run.json`` and tables."""
 
     __slots__ = ()
 
@@ -31,7 +40,20 @@ class LossScalingSpec(collections.namedtuple('LossScalingSpec',
         if not self.options:
             return self.name
         return '{}:{}'.format(self.name, ','.join(
-            '{}={}'.format(k, v) for k, v in sorted(self.options.items())))
+            '{}={}'.format(k, _value_text(v))
+            for k, v in sorted(self.options.items())))
+
+    def text(self):
+        """The canonical text of the mode (``str(self)``)."""
+        return str(self)
+
+
+def _value_text(v):
+    """An option value in the canonical text: an integral number without
+    its ``.0`` (``update_interval=100.0`` is ``update_interval=100``)."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53:
+        return str(int(v))
+    return str(v)
 
 
 def _number(text, what):
@@ -55,12 +77,45 @@ def _parse_value(text):
         else v
 
 
-def _allowed_options(name):
+def _option_defaults(name):
+    """{option: default} of a mode's method (its keyword arguments)."""
     cls = {'dynamic': DynamicScaling,
            'adaptive': AdaptiveScaling,
            'amax': AmaxScaling}[name]
     sig = inspect.signature(cls.__init__)
-    return [p for p in sig.parameters if p != 'self']
+    return {k: p.default for k, p in sig.parameters.items() if k != 'self'}
+
+
+def _allowed_options(name):
+    return list(_option_defaults(name))
+
+
+def _canonical_options(name, options):
+    """``options`` without those equal to their default (a dynamic style's
+    own defaults included); text values lower case (the methods read
+    them case-insensitively: style, bound, fmt, init_scale=auto)."""
+    options = {k: v.lower() if isinstance(v, str) else v
+               for k, v in options.items()}
+    defaults = {k: [v] for k, v in _option_defaults(name).items()}
+    if name == 'dynamic':
+        try:
+            style = check_style(options.get('style') or 'pytorch')
+        except ValueError:
+            style = None            # make_loss_scaling names the bad style
+        if style is not None:
+            options['style'] = style
+            for k, v in style_defaults(style).items():
+                defaults[k].append(v)
+    return {k: v for k, v in options.items()
+            if not any(_same(v, d) for d in defaults.get(k, ()))}
+
+
+def _same(value, default):
+    """Whether an option value is its default (``True`` is not ``1``)."""
+    if isinstance(value, bool) or isinstance(default, bool) or \
+            value is None or default is None:
+        return value is default
+    return value == default
 
 
 def parse_mode(spec):
@@ -103,7 +158,7 @@ def parse_mode(spec):
                              'key=value with key one of: {}'
                              .format(item, name, ', '.join(allowed)))
         options[key] = _parse_value(value)
-    return LossScalingSpec(name, options)
+    return LossScalingSpec(name, _canonical_options(name, options))
 
 
 def resolve_precision(mode, precision=None):

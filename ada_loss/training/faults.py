@@ -9,7 +9,10 @@ uncatchable kill at a chosen moment, not a simulated one. The points:
 * ``snapshot_write``: the new snapshot is written to its temporary file
   but not yet in place;
 * ``snapshot_rotate``: the previous snapshot was kept, the new one not yet
-  in place.
+  in place;
+* ``snapshot_done``: the new snapshot is in place (after the last one:
+  ``run.json`` and the TensorBoard session end not yet written);
+* ``run_end``: the training loop ended, ``run.json`` is not yet final.
 
 Unset (always, outside the tests) it costs one dictionary lookup.
 """

@@ -68,12 +68,15 @@ def load_with_fallback(trainer, folder, log=None):
     the decision taken are reported through ``log`` (default: stderr).
     """
     log = log or (lambda text: print(text, file=sys.stderr, flush=True))
-    tried = []
+    tried, fresh = [], None
     for name in (LATEST, PREVIOUS):
         path = os.path.join(folder, name)
         problem = check_snapshot(path)
         if problem is None:
-            chainer.serializers.load_npz(path, trainer)
+            if fresh is None:
+                fresh = _state_of(trainer)
+            problem = _load(path, trainer, fresh)
+        if problem is None:
             if tried:
                 log('[resume] {}: falling back to {} (iteration {})'.format(
                     folder, name, trainer.updater.iteration))
@@ -84,6 +87,36 @@ def load_with_fallback(trainer, folder, log=None):
         tried.append(name)
     log('[resume] {}: no readable snapshot ({}): starting afresh'.format(
         folder, ', '.join(tried)))
+    return None
+
+
+def _state_of(trainer):
+    """A copy of every array a save of ``trainer`` holds (its state as
+    built, before a load)."""
+    saver = chainer.serializers.DictionarySerializer()
+    try:
+        saver.save(trainer)
+    except RuntimeError:
+        # a trainer not started yet (a direct call, not Snapshot.initialize)
+        # has no elapsed time, which Trainer.serialize writes last: every
+        # other array is saved
+        pass
+    return {k: numpy.array(v, copy=True) for k, v in saver.target.items()}
+
+
+def _load(path, trainer, fresh):
+    """Loads ``path`` into ``trainer``; ``None``, or why it could not: a
+    snapshot that opens but lacks an array the model, optimizer, updater or
+    an extension needs (``load_npz`` raises KeyError half-way). The trainer
+    is then put back as it was built (``fresh``: :func:`_state_of`), so the
+    next candidate, or a fresh start, begins from a clean state."""
+    try:
+        chainer.serializers.load_npz(path, trainer)
+    except KeyError as e:
+        chainer.serializers.NpzDeserializer(fresh, strict=False).load(
+            trainer)
+        return 'missing array: {}'.format(str(e.args[0] if e.args else e)
+                                          .split(' is not')[0])
     return None
 
 
@@ -118,6 +151,7 @@ def write_snapshot(trainer, folder):
             os.replace(keep, os.path.join(folder, PREVIOUS))
             fault_point('snapshot_rotate')
         os.replace(tmp, latest)
+        fault_point('snapshot_done')
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -300,7 +300,14 @@ class TensorBoardWriter(extension.Extension):
 
     def finalize(self, trainer=None):
         if self._writer is None:
-            return
+            if getattr(self, '_trainer', None) is None:
+                return
+            # resumed from the final snapshot, no step left: the file of
+            # this process still ends the session (issue 39 item 10); what
+            # follows the snapshot's iteration is purged, not that step
+            iteration = self._trainer.updater.iteration
+            self._open(self._trainer, iteration + 1)
+            self._last_step = iteration
         if self.hparams is not None:
             status = Status.Value('STATUS_FAILURE' if self._failed
                                   else 'STATUS_SUCCESS')

@@ -137,12 +137,15 @@ def test_grid_order_and_only_filter():
                                                     ('adaptive', 1)]
     # a mode's options contain commas; values are parsed as the config does
     cfg = load(grid={'models': ['small_cnn'], 'datasets': ['digits'],
-                     'modes': ['adaptive:update_interval=10,t_uf=0.001',
+                     'modes': ['adaptive:update_interval=10,t_uf=0.0001',
                                'adaptive'], 'seeds': [0]})
     sel = runner.select(STUDY.cells(cfg), [
-        'mode=adaptive:t_uf=1e-3,update_interval=10,seed=0'])
+        'mode=adaptive:t_uf=1e-4,update_interval=10,seed=0'])
     assert [str(c.mode) for c in sel] == [
-        'adaptive:t_uf=0.001,update_interval=10']
+        'adaptive:t_uf=0.0001,update_interval=10']
+    # a default written out is the mode without it (canonical modes)
+    sel = runner.select(STUDY.cells(cfg), ['mode=adaptive:t_uf=1e-3'])
+    assert [str(c.mode) for c in sel] == ['adaptive']
     with pytest.raises(ValueError, match='bad --only mode=fixed:0'):
         runner.select(STUDY.cells(cfg), ['mode=fixed:0'])
     with pytest.raises(ValueError, match='matches no run'):
@@ -207,14 +210,14 @@ def test_modes_and_precisions_are_parsed_once_and_written_as_text():
     assert cfg.train.precision.bwd.name == 'fp8_e5m2'
     assert [p.name for p in cfg.grid.precisions] == [
         'bf16', 'fwd=float16,bwd=e4m3']
-    assert cfg.grid.modes[0].options == {'t_uf': 0.001}
+    assert cfg.grid.modes[0].options == {}      # t_uf=0.001: the default
     assert load().grid.modes[0] == parse_mode('fp32')     # a default
     plain = C.to_dict(cfg)
     assert plain['train']['precision'] == 'fp8'
     assert plain['grid']['precisions'] == ['bf16', 'fwd=float16,bwd=e4m3']
-    assert plain['grid']['modes'] == ['adaptive:t_uf=0.001']
+    assert plain['grid']['modes'] == ['adaptive']
     assert C.load(Config, raw=yaml.safe_load(C.dump(cfg))) == cfg
     cell = STUDY.cells(cfg)[0]
     assert STUDY.run_config(cfg, cell)['run'] == {
         'model': 'resnet20', 'dataset': 'cifar10',
-        'mode': 'adaptive:t_uf=0.001', 'seed': 0, 'precision': 'bf16'}
+        'mode': 'adaptive', 'seed': 0, 'precision': 'bf16'}

@@ -56,3 +56,61 @@ def test_paired_table_and_columns():
     assert 'Dynamic' not in header and 'Amax' not in header
     assert '10.00 ± 0.00 (n=3) [94 skipped]' in table
     assert '(S=64/16/16)' in table
+
+
+def test_two_adaptive_modes_two_columns():
+    """``grid.modes=[adaptive, "adaptive:init_scale=auto"]`` (issue 32 item
+    4, issue 39 item 1): two columns, never one "Adaptive" averaging both
+    (n = 8 for four seeds)."""
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(models=['resnet110'],
+                                   precisions=['fp8_e4m3']),
+        study=types.SimpleNamespace(fp32=False))
+    runs = {('fp8_e4m3', 'resnet110', 'adaptive'): [
+        _run(s, 0.50) for s in range(4)],
+        ('fp8_e4m3', 'resnet110', 'adaptive:init_scale=auto'): [
+        _run(s, 0.70) for s in range(4)]}
+    header, _, row = depth.table1(cfg, runs).splitlines()
+    cols = [c.strip() for c in header.strip('|').split('|')]
+    cells = dict(zip(cols, [c.strip() for c in row.strip('|').split('|')]))
+    assert cols == ['Depth', 'fp8_e4m3 adaptive',
+                    'fp8_e4m3 adaptive:init_scale=auto']
+    assert cells['fp8_e4m3 adaptive'] == '50.00 ± 0.00 (n=4)'
+    assert cells['fp8_e4m3 adaptive:init_scale=auto'] == '70.00 ± 0.00 (n=4)'
+
+
+def test_reuse_only_runs_of_the_same_config(tmp_path):
+    """Issue 39 item 5: an earlier edition's runs fill the cells only when
+    the config that determines their numbers is this one (the edition's
+    config.yaml beside its results.json); else they are left out, and the
+    table says so."""
+    import json
+    import os
+    from ada_loss.experiment import config as C
+    study = depth.STUDY
+    sets = ['grid.models=[resnet20]', 'grid.seeds=[0]', 'grid.modes=[none]',
+            'grid.fixed_scales=[]', 'grid.precisions=[fp8_e4m3]',
+            'study.fig4.run=false']
+    edition = tmp_path / 'edition'
+    edition.mkdir()
+    old = study.load_config(None, sets)
+    (edition / 'config.yaml').write_text(C.dump(old))
+    (edition / 'results.json').write_text(json.dumps({
+        'fp8_e4m3|resnet20|none': [{'seed': 0, 'status': 'finished',
+                                     'final_test_accuracy': 0.25}]}))
+    reuse = 'study.reuse=' + str(edition / 'results.json')
+    same = study.load_config(None, sets + [reuse, 'log.progress=bar'])
+    runs, left = depth.collect(study, same, str(tmp_path / 'out'))
+    assert left == [] and runs['fp8_e4m3', 'resnet20', 'none'][0]['reused']
+    smaller = study.load_config(None, sets + [
+        reuse, 'data.train_size=256', 'train.epochs=0.25'])
+    runs, left = depth.collect(study, smaller, str(tmp_path / 'out'))
+    assert not runs['fp8_e4m3', 'resnet20', 'none']
+    assert left == [('resnet20-cifar10-none-s0',
+                     'config differs (data.train_size, train.epochs)')]
+    t1, _ = depth.write_outputs(smaller, str(tmp_path / 'out'), runs, left)
+    assert '1 runs of study.reuse' in t1 and 'left out' in t1
+    os.remove(str(edition / 'config.yaml'))
+    depth._edition.cache_clear()
+    runs, left = depth.collect(study, same, str(tmp_path / 'out'))
+    assert 'no config.yaml beside' in left[0][1]

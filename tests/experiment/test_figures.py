@@ -175,3 +175,23 @@ def test_figure_runs_take_a_precision(tmp_path):
         rows = load_csv(os.path.join(out, run, 'records.csv'))
         # emulated bf16 keeps float32 arrays (mixed16 would record float16)
         assert rows and {r['dtype'] for r in rows} == {'float32'}
+
+
+@pytest.mark.parametrize('profile', ['ssd512_voc', 'resnet18_imagenet'])
+def test_missing_data_is_one_error_line_before_any_folder(profile, tmp_path,
+                                                          capsys):
+    """Issue 39 item 6: the data are looked for before a run folder is
+    made (was: a DatasetNotFoundError traceback, status 1, after "1 runs
+    selected", and an empty run folder)."""
+    from ada_loss.experiment import runner
+    from ada_loss.experiment.studies.figures import STUDY
+    out = tmp_path / 'out'
+    assert runner.main(STUDY, [
+        '--config', CONFIG, '--out', str(out), '--set',
+        'profile=' + profile, '--set', 'data_root=' + str(tmp_path / 'no'),
+        '--only', 'run=adaptive']) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith('error: ')
+    assert len(captured.err.splitlines()) == 1
+    assert 'runs selected' not in captured.out
+    assert not out.exists()

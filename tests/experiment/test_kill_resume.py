@@ -224,6 +224,72 @@ def test_no_readable_snapshot_starts_afresh_and_says_so(tiny, tmp_path):
     assert info['resumed_from'] is None and not info['resumed']
 
 
+@pytest.mark.parametrize('delete_config', [False, True])
+def test_kill_after_the_last_snapshot(tiny, tmp_path, delete_config):
+    """Killed after the final snapshot (iteration 8), before run.json and
+    the TensorBoard session end: --resume trains nothing and gives the
+    reference's run.json, α range included, and finalized event files
+    (issue 39 item 10). With config.yaml deleted, --resume refuses (it
+    cannot check the config) instead of continuing blind."""
+    config, ref, _ = tiny
+    mode = 'adaptive'
+    out = str(tmp_path)
+    proc = run(config, out, '--only', 'mode=' + mode,
+               kill='snapshot_done:4')
+    assert killed(proc), proc.stderr
+    folder = os.path.join(out, 'kill', cell(mode))
+    with open(os.path.join(folder, 'run.json')) as f:
+        assert json.load(f)['status'] == 'running'
+    if delete_config:
+        os.remove(os.path.join(folder, 'config.yaml'))
+        proc = run(config, out, '--only', 'mode=' + mode, '--resume')
+        assert proc.returncode == 2
+        assert 'config.yaml is missing or unreadable' in proc.stderr
+        return
+    proc = run(config, out, '--only', 'mode=' + mode, '--resume')
+    assert proc.returncode == 0, proc.stderr
+    assert_same_run(folder, os.path.join(ref, cell(mode)))
+    infos = []
+    for f in (folder, os.path.join(ref, cell(mode))):
+        with open(os.path.join(f, 'run.json')) as fh:
+            infos.append(json.load(fh))
+    assert infos[0]['alpha_min'] is not None
+    assert (infos[0]['alpha_min'], infos[0]['alpha_max']) == \
+        (infos[1]['alpha_min'], infos[1]['alpha_max'])
+
+
+@pytest.mark.parametrize('both', [False, True])
+def test_snapshot_missing_arrays_falls_back(tiny, tmp_path, both):
+    """A snapshot that opens but lacks arrays the trainer needs is
+    unreadable like a truncated one: snapshot_previous is used (issue 39
+    item 12; was a KeyError from load_npz); when both lack some, the run
+    starts afresh from the state it was built in (the half-done load
+    undone) and still ends as the reference."""
+    config, ref, _ = tiny
+    mode = 'adaptive'
+    folder = _kill_after_snapshot_6(config, str(tmp_path), mode)
+    for name in ('snapshot_latest', 'snapshot_previous')[:1 + both]:
+        path = os.path.join(folder, name)
+        with numpy.load(path) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        # the model's arrays load first: some are read before the KeyError
+        for k in sorted(k for k in arrays if k.startswith(
+                'updater/optimizer:main/'))[-3:]:
+            del arrays[k]
+        with open(path, 'wb') as f:
+            numpy.savez(f, **arrays)
+    proc = run(config, str(tmp_path), '--only', 'mode=' + mode, '--resume')
+    assert proc.returncode == 0, proc.stderr
+    assert 'snapshot_latest is unreadable (missing array: updater/' \
+        'optimizer:main/' in proc.stderr
+    if both:
+        assert 'starting afresh' in proc.stderr
+    else:
+        assert 'falling back to snapshot_previous (iteration 4)' in \
+            proc.stderr
+    assert_same_run(folder, os.path.join(ref, cell(mode)))
+
+
 def test_jobs_do_not_change_the_numbers(tiny, tmp_path):
     """--jobs 2 (worker processes) and --jobs 1 (in process, after the
     reference) give the same run.json results and final snapshots; the

@@ -42,8 +42,7 @@ def test_public_names():
      'dynamic:growth_interval=3,init_scale=1024'),
     ('adaptive:t_uf=0.01,bound=fan_in,max_layer_scale=none',
      'adaptive',
-     {'t_uf': 0.01, 'bound': 'fan_in', 'max_layer_scale': None},
-     'adaptive:bound=fan_in,max_layer_scale=None,t_uf=0.01'),
+     {'t_uf': 0.01, 'bound': 'fan_in'}, 'adaptive:bound=fan_in,t_uf=0.01'),
 ])
 def test_parse_valid(mode, name, options, text):
     spec = parse_mode(mode)
@@ -53,6 +52,40 @@ def test_parse_valid(mode, name, options, text):
     assert str(spec) == text
     assert parse_mode(spec) is spec
     assert parse_mode(str(spec)) == spec  # round trip
+
+
+@pytest.mark.parametrize('spelling, canonical', [
+    ('DYNAMIC:style=Chainer', 'dynamic:style=chainer'),
+    ('dynamic:style=pytorch', 'dynamic'),
+    ('dynamic:style=chainer,interval=1000', 'dynamic:style=chainer'),
+    ('dynamic:style=tf,init_scale=4294967296', 'dynamic:style=tf'),
+    ('dynamic:init_scale=none', 'dynamic'),
+    ('amax:margin=8', 'amax'),
+    ('amax:margin=8.0,history=16', 'amax'),
+    ('adaptive:guard=true', 'adaptive'),
+    ('Adaptive:guard=TRUE,init_scale=1,t_uf=1e-3', 'adaptive'),
+    ('adaptive:init_scale=AUTO', 'adaptive:init_scale=auto'),
+    ('adaptive:update_interval=100.0', 'adaptive:update_interval=100'),
+    ('adaptive:bound=Product,guard=false', 'adaptive:bound=product,'
+     'guard=False'),
+])
+def test_canonical_text(spelling, canonical):
+    """Every spelling of one mode is one spec with one text (issue 39 item
+    2: separate folders and table cells for one run otherwise)."""
+    spec = parse_mode(spelling)
+    assert spec.text() == str(spec) == canonical
+    assert spec == parse_mode(canonical)
+    assert hash(spec) == hash(parse_mode(canonical))
+    assert parse_mode(canonical).text() == canonical
+
+
+def test_canonical_keeps_what_differs():
+    """Non-default values stay, and ``guard=1`` is not ``guard=true``."""
+    assert str(parse_mode('dynamic:style=chainer,interval=100')) == \
+        'dynamic:interval=100,style=chainer'
+    assert parse_mode('amax:margin=2') != parse_mode('amax')
+    assert parse_mode('adaptive:init_scale=auto') != parse_mode('adaptive')
+    assert parse_mode('adaptive:guard=false') != parse_mode('adaptive')
 
 
 def test_parse_value_types():

@@ -274,6 +274,9 @@ class Table4Study(RC.TrainingStudy):
     """Accuracy with low-precision gradient communication, ± APS."""
     Config = Table4Config
     Cell = APSCell
+    #: ``--only format=E4M3`` is the grid's e4m3 (fp8_e4m3, OCP's E4M3
+    #: with 448 as its largest value, is another format)
+    only_types = {'format': C.FormatName}
     print_keys = TABLE4_PRINT_KEYS
     plots = TABLE4_PLOTS
     history = ['validation/main/accuracy']
@@ -291,8 +294,7 @@ class Table4Study(RC.TrainingStudy):
     def run_config(self, cfg, cell):
         return self.cell_config(cfg, cell)
 
-    def stop_point(self, run_config):
-        return ((run_config or {}).get('train') or {}).get('epochs')
+    stop_keys = ('train.epochs',)
 
     def preload(self, cfg, cells):
         return load_data(cfg.data) if cells else None
@@ -357,7 +359,7 @@ class Table4Study(RC.TrainingStudy):
                  tests.last('validation/main/accuracy')),
                 ('final_train_loss', getattr(updater, 'last_loss', None))]
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         folder = os.path.join(out, cfg.table)
         runs = R.find_runs(folder)
         return T.write_table(table4(cfg, runs), folder, 'table', quiet)
@@ -376,7 +378,8 @@ def table4(cfg, runs):
         f = get_format(fmt)
         for aps in ([True] if f.is_float32 else cfg.grid.aps):
             rs = [r for r in runs if r.get('format') == f.name
-                  and r.get('aps') == aps and r.get('status') != R.RUNNING]
+                  and r.get('aps') == aps
+                  and r.get('status') in (R.FINISHED, R.DIVERGED)]
             accs = [r['final_test_accuracy'] for r in rs
                     if r['status'] == R.FINISHED]
             div = sum(1 for r in rs if r['status'] == R.DIVERGED)
@@ -503,7 +506,7 @@ class Table9Study(Study):
         return '{:<10s} {} ({} errors)'.format(info['name'], info['status'],
                                                len(info.get('errors', [])))
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         folder = os.path.join(out, cfg.table)
         runs = [r for r in R.find_runs(folder) if r['status'] == R.FINISHED
                 and r['seed'] in cfg.seeds]
@@ -586,7 +589,7 @@ class CostStudy(Study):
     def summary(self, info):
         return '{:<10s} {}'.format(info['name'], info['status'])
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         folder = os.path.join(out, cfg.table)
         info = R.read_run(os.path.join(folder, cfg.model.name))
         if not info or info.get('status') != R.FINISHED:

@@ -317,9 +317,7 @@ class ClassificationStudy(RC.TrainingStudy):
                    if k not in ('grid', 'per_model'))
         return out
 
-    def stop_point(self, run_config):
-        t = (run_config or {}).get('train') or {}
-        return t.get('max_iterations'), t.get('epochs')
+    stop_keys = ('train.max_iterations', 'train.epochs')
 
     def preload(self, cfg, cells):
         """Every dataset the cells need: {(dataset, data section): (train,
@@ -413,11 +411,12 @@ class ClassificationStudy(RC.TrainingStudy):
                 ('final_train_loss', train_loss)]
 
     def summarized(self, run, info, scaling):
-        if hasattr(scaling, 'loss_scales') and scaling.loss_scales():
-            alphas = list(scaling.loss_scales().values())
+        # the last step's α (also after a resume with no step left)
+        alphas = list(run.loss_scales.values())
+        if alphas:
             info['alpha_min'], info['alpha_max'] = min(alphas), max(alphas)
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         return tables.write_tables(os.path.join(out, cfg.table), cfg.layout,
                                    quiet=quiet)
 

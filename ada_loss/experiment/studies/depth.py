@@ -40,6 +40,8 @@ from ada_loss.analysis import gemm_probe
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.config import section, setting
+from ada_loss.experiment.modes import column_label, mode_columns
+from ada_loss.experiment.runner import config_changes, decide, run_locked
 from ada_loss.experiment.studies import classification
 from ada_loss.experiment.studies.classification import Cell
 from ada_loss.precision import parse_precision
@@ -56,6 +58,12 @@ FP32, FLOAT32 = parse_mode('fp32'), parse_precision('float32')
 #: (``study.reuse``): those on Chainer's own backward (plain or scaled),
 #: which the overflow guard and the layer-wise changes do not touch
 REUSABLE = ('fp32', 'none', 'fixed', 'dynamic')
+
+#: run-config keys that do not change a grid run's numbers, besides the
+#: runner's presentation keys (runner.PRESENTATION): not compared on a
+#: rerun (DepthStudy.not_compared), nor, with the folder's name, when an
+#: earlier edition's run is reused
+NOT_NUMBERS = ('study.reuse', 'study.fig4', 'study.fp32')
 
 
 @dataclasses.dataclass
@@ -110,6 +118,7 @@ class DepthStudy(classification.ClassificationStudy):
     """The grid's runs are the classification study's (one folder per
     precision), on downsampled images; the tables and Fig. 4 at the end."""
     Config = Config
+    not_compared = NOT_NUMBERS
 
     def cells(self, cfg):
         """FP32 cells (precision float32) then every mode in every precision
@@ -131,44 +140,77 @@ class DepthStudy(classification.ClassificationStudy):
                 for key, (train, test) in super(DepthStudy, self).preload(
                     cfg, cells).items()}
 
-    def write_tables(self, cfg, out, quiet=False):
-        runs = collect(self, cfg, out)
-        t1, t4 = write_outputs(cfg, out, runs)
+    def write_tables(self, cfg, out, quiet=False, train=True):
+        """The tables, then Fig. 4 from its probed runs (trained here
+        unless ``train`` is False: ``--table-only`` trains nothing and
+        draws Fig. 4 only when its runs are there)."""
+        runs, left = collect(self, cfg, out)
+        t1, t4 = write_outputs(cfg, out, runs, left)
         if not quiet:
             print(t1)
             print(t4)
         if cfg.study.fig4.run:
-            for path in fig4(self, cfg, out, runs):
+            for path in fig4(self, cfg, out, runs, train=train):
                 print('[depth] wrote', path)
         return None
 
 
 def collect(study, cfg, out):
-    """{(precision, model, mode): [run.json dicts]} of the existing runs
-    (and of ``study.reuse``'s, see :data:`REUSABLE`); precision and mode
-    as text."""
-    runs = collections.defaultdict(list)
+    """``(runs, left_out)``: {(precision, model, mode): [run.json dicts]}
+    of the existing runs (and of ``study.reuse``'s, see :data:`REUSABLE`;
+    precision and mode as text), and ``[(run name, why)]`` of the reused
+    runs left out because their config is not this one (or unknown)."""
+    runs, left = collections.defaultdict(list), []
     for cell in study.cells(cfg):
         info = R.read_run(study.folder(out, cfg, cell))
+        key = (str(cell.precision), cell.model, str(cell.mode))
         if info:
-            runs[(str(cell.precision), cell.model, str(cell.mode))].append(
-                info)
+            runs[key].append(info)
         elif cfg.study.reuse and cell.mode.name in REUSABLE:
-            old = _reused(cfg.study.reuse).get(
-                (str(cell.precision), cell.model, str(cell.mode), cell.seed))
-            if old is not None:
-                runs[(str(cell.precision), cell.model, str(cell.mode))
-                     ].append(dict(old, reused=True))
-    return runs
+            old = _reused(cfg.study.reuse).get(key + (cell.seed,))
+            if old is None:
+                continue
+            why = reuse_changes(study, cfg, cell)
+            if why:
+                left.append((study.run_name(cfg, cell), why))
+            else:
+                runs[key].append(dict(old, reused=True))
+    return runs, left
+
+
+def reuse_changes(study, cfg, cell):
+    """Why a run of ``study.reuse`` does not fit this config: the keys that
+    determine its numbers and differ from the edition's config (the
+    ``config.yaml`` beside its results.json), or that there is none."""
+    edition = os.path.join(os.path.dirname(cfg.study.reuse), R.CONFIG_YAML)
+    if not os.path.exists(edition):
+        return 'no {} beside {} to check its config'.format(
+            R.CONFIG_YAML, cfg.study.reuse)
+    old = _edition(study, edition)
+    keys = config_changes(C.to_plain(study.run_config(old, cell)),
+                          C.to_plain(study.run_config(cfg, cell)),
+                          study.not_compared + ('table',))
+    return 'config differs ({})'.format(', '.join(keys)) if keys else None
+
+
+@functools.lru_cache(maxsize=4)
+def _edition(study, path):
+    """The config an earlier edition ran (checked like any config)."""
+    return study.load_config(path, ())
 
 
 @functools.lru_cache(maxsize=4)
 def _reused(path):
-    """{(precision, model, mode, seed): run dict} of a results.json."""
+    """{(precision, model, mode, seed): run dict} of a results.json (the
+    modes' canonical text)."""
     with open(path) as f:
         raw = json.load(f)
-    return {tuple(k.split('|')) + (r['seed'],): r
-            for k, rs in raw.items() for r in rs}
+    out = {}
+    for k, rs in raw.items():
+        precision, model, mode = k.split('|')
+        for r in rs:
+            out[precision, model, str(parse_mode(mode)), r['seed']] = r
+    return out
 
 
 def stats(runs):
@@ -198,12 +240,17 @@ def cell_text(s, note=''):
     return t
 
 
-def _column(mode):
-    spec = parse_mode(mode)
-    if spec.name == 'adaptive' and spec.options.get('guard') is False:
-        return 'Adaptive (paper)'
-    return {'none': 'None', 'dynamic': 'Dynamic', 'adaptive': 'Adaptive',
-            'amax': 'Amax'}.get(spec.name)
+def _mode_columns(runs, precision):
+    """``[(label, mode text)]`` of the modes with runs of ``precision``
+    (fixed scales and fp32 aside), in :data:`COLUMNS` order: a column per
+    mode, two modes sharing a label labelled by their text (issue 39:
+    ``adaptive`` and ``adaptive:init_scale=auto`` in one column)."""
+    cols = mode_columns({mode for (p, _, mode), rs in runs.items()
+                         if p == precision and rs and mode != 'fp32'
+                         and not mode.startswith('fixed:')})
+    return sorted(cols, key=lambda c: (
+        COLUMNS.index(column_label(c[1]))
+        if column_label(c[1]) in COLUMNS else len(COLUMNS), c[1]))
 
 
 def _accuracy(run):
@@ -290,13 +337,15 @@ def best_fixed(runs, precision, model):
 
 
 def _present(runs, precision):
-    """The columns of ``COLUMNS`` that have runs of ``precision``."""
-    cols = {_column(mode) for (p, _, mode), rs in runs.items()
-            if p == precision and rs}
+    """``[(column, mode text or None)]`` of ``precision``: None first, the
+    fixed scales' two columns (where there are fixed runs), then a column
+    per mode."""
+    cols = _mode_columns(runs, precision)
+    head = [c for c in cols if c[0] == 'None']
     if any(p == precision and mode.startswith('fixed:')
            for p, _, mode in runs):
-        cols |= {'Fixed (best)', 'Fixed (held-out)'}
-    return [c for c in COLUMNS if c in cols]
+        head += [('Fixed (best)', None), ('Fixed (held-out)', None)]
+    return head + [c for c in cols if c[0] != 'None']
 
 
 def table1(cfg, runs):
@@ -308,7 +357,7 @@ def table1(cfg, runs):
     precisions = [str(p) for p in cfg.grid.precisions]
     columns = {p: _present(runs, p) for p in precisions}
     for p in precisions:
-        header += ['{} {}'.format(p, c) for c in columns[p]]
+        header += ['{} {}'.format(p, c) for c, _ in columns[p]]
     lines = ['| ' + ' | '.join(header) + ' |',
              '|' + '---|' * len(header)]
     for m in models:
@@ -316,13 +365,9 @@ def table1(cfg, runs):
         if cfg.study.fp32:
             row.append(cell_text(stats(runs.get(('float32', m, 'fp32'), []))))
         for p in precisions:
-            by_col = collections.defaultdict(list)
-            for (pp, mm, mode), rs in runs.items():
-                if pp == p and mm == m and _column(mode):
-                    by_col[_column(mode)] += rs
             mode, s = best_fixed(runs, p, m)
             held, scales = held_out_fixed(runs, p, m)
-            for c in columns[p]:
+            for c, col_mode in columns[p]:
                 if c == 'Fixed (best)':
                     row.append(cell_text(s, ' (S={})'.format(
                         mode.split(':')[1])) if s else '—')
@@ -332,7 +377,8 @@ def table1(cfg, runs):
                                              scales[k] for k in sorted(
                                                  scales)))) if held else '—')
                 else:
-                    row.append(cell_text(stats(by_col.get(c, []))))
+                    row.append(cell_text(stats(runs.get((p, m, col_mode),
+                                                        []))))
         lines.append('| ' + ' | '.join(row) + ' |')
     return '\n'.join(lines)
 
@@ -351,12 +397,14 @@ def table4(cfg, runs):
 
 
 # -- Fig. 4 ---------------------------------------------------------------
-def fig4(study, cfg, out, runs, log=print):
+def fig4(study, cfg, out, runs, log=print, train=True):
     """Probed runs of ``study.fig4`` (none, best fixed, adaptive) and the two
     figures. The probed runs are runs of this study with ``log.probe_every``
     (the one run path: resumable, skipped once finished) in
     ``<out>/<table>/fig4/``; a diverged one is not run again (its records
-    end where it stopped). Returns the paths written (none when skipped)."""
+    end where it stopped). ``train`` False: none is trained, and the
+    figures are drawn only when all three are there. Returns the paths
+    written (none when skipped)."""
     f = cfg.study.fig4
     folder = os.path.join(out, cfg.table)
     fixed = f.fixed
@@ -377,9 +425,19 @@ def fig4(study, cfg, out, runs, log=print):
         run_folder = study.folder(out, probed, cell)
         info = R.read_run(run_folder)
         if (info or {}).get('status') not in (R.FINISHED, R.DIVERGED):
+            if not train:
+                log('[depth] fig4: its run {} is not there (--table-only '
+                    'trains nothing); skipped'.format(run_folder))
+                return []
+            # continued from its snapshot unless its config changed
+            action, reason = decide(study, probed, cell, out, True, False)
+            if action == 'refuse':
+                log('[depth] fig4: {}; skipped'.format(reason))
+                return []
             if cache is None:
                 cache = study.preload(probed, cells)
-            info = study.run(probed, cell, out, resume=True, cache=cache)
+            info = run_locked(study, probed, cell, out,
+                              resume=action == 'resume', cache=cache)
         infos[str(cell.mode)] = {k: info.get(k) for k in (
             'status', 'final_test_accuracy', 'skipped_steps', 'iterations')}
         log('[depth] fig4 {} {}: acc {} skipped {}'.format(
@@ -452,7 +510,7 @@ def plot_fig4b(records, modes, path, title):
     return path
 
 
-def write_outputs(cfg, out, runs):
+def write_outputs(cfg, out, runs, left=()):
     folder = os.path.join(out, cfg.table)
     os.makedirs(folder, exist_ok=True)
     t1 = ('**Depth study: final test accuracy (%), Fashion-MNIST**\n\n'
@@ -467,7 +525,14 @@ def write_outputs(cfg, out, runs):
     if reused:
         t1 += ('\n{} runs (none, fixed, dynamic) are the earlier edition\'s '
                '(study.reuse: {}).\n'.format(reused, cfg.study.reuse))
+    if left:
+        t1 += ('\n{} runs of study.reuse ({}) left out, their config not '
+               'this one: {}.\n'.format(len(left), cfg.study.reuse, '; '.join(
+                   '{} ({})'.format(n, why) for n, why in left[:4]) + (
+                   '; …' if len(left) > 4 else '')))
     atomic.write_text(os.path.join(folder, 'table1.md'), t1)
+    # the config these runs ran, for a later edition's study.reuse
+    atomic.write_text(os.path.join(folder, R.CONFIG_YAML), C.dump(cfg))
     atomic.write_text(os.path.join(folder, 'table4.md'), t4)
     atomic.write_text(os.path.join(folder, 'results.json'), json.dumps(
         {'{}|{}|{}'.format(*k): [{key: r.get(key) for key in (

@@ -33,6 +33,7 @@ from ada_loss.detection.model import SSD_MODELS, build_ssd
 from ada_loss.detection.ssd_train_chain import MultiboxTrainChain
 from ada_loss.detection.ssd_train_chain import setup_ssd_optimizer
 from ada_loss.detection.transforms import SSDTrainTransform
+from ada_loss.scaling import parse_mode
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
@@ -178,8 +179,7 @@ class DetectionStudy(RC.TrainingStudy):
         return self.cell_config(cfg, cell, precision=resolve_precision(
             cell.mode, cfg.train.precision))
 
-    def stop_point(self, run_config):
-        return ((run_config or {}).get('train') or {}).get('iterations')
+    stop_keys = ('train.iterations',)
 
     def preload(self, cfg, cells):
         """VOC07+12 trainval and VOC07 test (missing files fail here, before
@@ -273,7 +273,7 @@ class DetectionStudy(RC.TrainingStudy):
             text += ' mAP {:6.2f}%'.format(100 * info['final_map'])
         return text
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         results = os.path.join(out, cfg.table)
         return T.write_table(build_table(R.find_runs(results), cfg.layout),
                              results, cfg.layout, quiet)
@@ -290,53 +290,57 @@ class MapStats(T.CellStats):
                      and r.get('final_map') is not None]
 
 
-def _cells_by_mode(runs):
-    out = collections.defaultdict(list)
-    for r in runs:
-        out[r['mode_name'], r['mode_options'].get('scale')].append(r)
-    return out
-
-
 def build_table(runs, layout):
-    """Table 3 (rows: batch sizes) or Table 5 (mAP per fixed scale)."""
-    batches = sorted({r['batchsize'] for r in runs})
-    rows, cells_out = [], []
+    """Table 3 (rows: batch sizes, and precisions where the runs have
+    several; a column per mode, two modes sharing a name labelled by their
+    text, so that no cell averages two) or Table 5 (mAP per fixed
+    scale)."""
+    keys = sorted({(r.get('precision'), r['batchsize']) for r in runs},
+                  key=lambda k: (str(k[0]), k[1]))
+    several = len({k[0] for k in keys}) > 1
+    rows, cells_out, used = [], [], set()
+    scales = sorted({r['mode_options']['scale'] for r in runs
+                     if r['mode_name'] == 'fixed'})
     if layout == 'table5':
-        scales = sorted({r['mode_options']['scale'] for r in runs
-                         if r['mode_name'] == 'fixed'})
-        columns = ['{:g}'.format(s) for s in scales]
-        lead = ['Batch']
+        cols = [('{:g}'.format(s), 'fixed:{:g}'.format(s)) for s in scales]
+        used.update(id(r) for r in runs if r['mode_name'] != 'fixed')
     else:
-        columns = ['FP32', 'None', 'Fixed (best)', 'Dynamic', 'Adaptive']
-        lead = ['Batch']
-    for b in batches:
-        by_mode = _cells_by_mode([r for r in runs if r['batchsize'] == b])
-        if layout == 'table5':
-            row = {c: MapStats(by_mode.get(('fixed', s), []))
-                   for c, s in zip(columns, scales)}
-        else:
-            fixed = [MapStats(v, scale=s) for (n, s), v in by_mode.items()
-                     if n == 'fixed']
+        cols = T.mode_column_list(runs, always=('FP32', 'None', 'Dynamic',
+                                                'Adaptive'))
+        n_head = sum(c[0] in ('FP32', 'None') for c in cols)
+        cols = cols[:n_head] + [('Fixed (best)', None)] + cols[n_head:]
+    columns = [c for c, _ in cols]
+    lead = (['Precision'] if several else []) + ['Batch']
+    for precision, b in keys:
+        by_mode = T.by_mode([r for r in runs if r['batchsize'] == b and
+                             r.get('precision') == precision])
+        row = {c: MapStats(by_mode.get(mode, []) if mode else [])
+               for c, mode in cols}
+        if layout != 'table5':
+            fixed = [MapStats(v, scale=parse_mode(m).options['scale'])
+                     for m, v in sorted(by_mode.items(), key=lambda kv: str(
+                         kv[0])) if m and m.startswith('fixed:')]
             ok = [f for f in fixed if f.mean is not None]
-            best = (max(ok, key=lambda f: f.mean) if ok else
-                    fixed[0] if fixed else MapStats([]))
-            row = {'FP32': MapStats(by_mode.get(('fp32', None), [])),
-                   'None': MapStats(by_mode.get(('none', None), [])),
-                   'Fixed (best)': best,
-                   'Dynamic': MapStats(by_mode.get(('dynamic', None), [])),
-                   'Adaptive': MapStats(by_mode.get(('adaptive', None), []))}
+            row['Fixed (best)'] = (max(ok, key=lambda f: f.mean) if ok else
+                                   fixed[0] if fixed else MapStats([]))
+            used.update(id(r) for f in fixed for r in f.runs)
+        for c in row.values():
+            used.update(id(r) for r in c.runs)
         means = [round(s.mean, 2) for s in row.values() if s.mean is not None]
         top = max(means) if means and layout == 'table3' else None
-        rows.append([str(b)] + [row[c].text(bold=top is not None and (
-            row[c].mean is not None and round(row[c].mean, 2) == top))
+        rows.append(([str(precision)] if several else []) + [str(b)] + [
+            row[c].text(bold=top is not None and (
+                row[c].mean is not None and round(row[c].mean, 2) == top))
             for c in columns])
-        cells_out += [('voc07', 'b{}'.format(b), c, row[c]) for c in columns]
+        cells_out += [(precision, 'voc07', 'b{}'.format(b), c, row[c])
+                      for c in columns]
     title = ('Table 3: SSD VOC07 test mAP (%)' if layout == 'table3' else
              'Table 5: SSD VOC07 test mAP (%) per fixed loss scale')
     counts = collections.Counter(r.get('status') for r in runs)
-    footer = '{} runs ({}); "diverged" = all runs of the cell diverged.' \
+    footer = '{} runs ({}); "diverged" = all runs of the cell diverged.{}' \
         .format(len(runs), ', '.join('{} {}'.format(v, k) for k, v in
-                                     sorted(counts.items())) or 'none')
+                                     sorted(counts.items())) or 'none',
+                T.not_in_table(runs, used))
     return T.Table(title, lead + columns, rows, cells_out, footer)
 
 

@@ -205,7 +205,17 @@ class FiguresStudy(RC.TrainingStudy):
         return [('name', run.cell.run), ('table', run.cfg.table),
                 ('mode', str(run.mode)), ('precision', str(run.precision))]
 
+    def preload(self, cfg, cells):
+        """The training data (missing files fail here, with one error
+        line, before any run folder is made)."""
+        if not cells:
+            return None
+        return {'train': _detection_data(cfg) if cfg.task == 'detection'
+                else _classification_data(cfg)}
+
     def load_data(self, run, cache):
+        if cache:
+            return cache['train']
         if run.cfg.task == 'detection':
             return _detection_data(run.cfg)
         return _classification_data(run.cfg)
@@ -257,7 +267,7 @@ class FiguresStudy(RC.TrainingStudy):
                 ('losses', [float(e['main/loss']) for e in log
                             if 'main/loss' in e])]
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         return make_figures(cfg, os.path.join(out, cfg.table), quiet)
 
 

@@ -161,10 +161,10 @@ def write_diagnosis(runs, folder, title):
 class Fp8DiagnosisStudy(ClassificationStudy):
     """The classification study with the diagnosis in its tables."""
 
-    def write_tables(self, cfg, out, quiet=False):
-        """The precision table and ``modes.md`` (printed: the precision
-        table merges the variants this study compares), then the diagnosis
-        of every probed cell."""
+    def write_tables(self, cfg, out, quiet=False, train=True):
+        """The precision table and ``modes.md`` (printed: one row per
+        mode, the variants this study compares one under the other), then
+        the diagnosis of every probed cell."""
         table = super(Fp8DiagnosisStudy, self).write_tables(cfg, out, True)
         results = os.path.join(out, cfg.table)
         if not quiet:

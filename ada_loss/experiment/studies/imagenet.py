@@ -21,6 +21,7 @@ import os
 from typing import List, Literal, Optional
 
 from ada_loss.datasets.imagenet import get_imagenet_datasets
+from ada_loss.scaling import parse_mode
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
@@ -139,9 +140,7 @@ class ImageNetStudy(RC.TrainingStudy):
         return self.cell_config(cfg, cell, precision=resolve_precision(
             cell.mode, cfg.train.precision))
 
-    def stop_point(self, run_config):
-        t = (run_config or {}).get('train') or {}
-        return t.get('max_iterations'), t.get('epochs')
+    stop_keys = ('train.max_iterations', 'train.epochs')
 
     def preload(self, cfg, cells):
         """The datasets (missing files fail here, before any training)."""
@@ -219,45 +218,56 @@ class ImageNetStudy(RC.TrainingStudy):
                 ('final_test_loss', test_loss),
                 ('final_train_loss', train_loss)]
 
-    def write_tables(self, cfg, out, quiet=False):
+    def write_tables(self, cfg, out, quiet=False, train=True):
         results = os.path.join(out, cfg.table)
         return T.write_table(build_table(R.find_runs(results)), results,
                              'table2', quiet)
 
 
 # -- the table ---------------------------------------------------------------
-COLUMNS = (('FP32', 'fp32'), ('None', 'none'), ('Fixed (128)', 'fixed'),
-           ('Dynamic', 'dynamic'), ('Adaptive', 'adaptive'))
-
-
 def build_table(runs):
-    """Table 2: rows ResNet-18/50, top-1 (%) per mode; the Fixed column
-    shows the fixed scale(s) found (the paper's is 128)."""
-    rows, cells = [], []
-    for model in sorted({r['model'] for r in runs}):
-        mine = [r for r in runs if r['model'] == model]
-        row = {}
-        for column, name in COLUMNS:
-            sel = [r for r in mine if r['mode_name'] == name]
-            scales = sorted({r['mode_options'].get('scale') for r in sel
-                             if name == 'fixed'})
-            row[column] = T.CellStats(
-                sel, scale=scales[0] if len(scales) == 1 else None)
+    """Table 2: rows ResNet-18/50 (and precision, where the runs have
+    several), top-1 (%) per mode: FP32, None, a Fixed (S) column per fixed
+    scale found (the paper's is 128), Dynamic, Adaptive; a column per
+    mode, so that no cell averages two (two modes sharing a name are
+    labelled by their text)."""
+    cols = T.mode_column_list(runs, always=('FP32', 'None', 'Dynamic',
+                                            'Adaptive'))
+    scales = sorted({r['mode_options'].get('scale') for r in runs
+                     if r['mode_name'] == 'fixed'}) or [128.0]
+    fixed = [('Fixed ({:g})'.format(s), 'fixed:{:g}'.format(s))
+             for s in scales]
+    n_head = sum(c[0] in ('FP32', 'None') for c in cols)
+    cols = cols[:n_head] + fixed + cols[n_head:]
+    keys = sorted({(r.get('precision'), r['model']) for r in runs},
+                  key=lambda k: (str(k[0]), k[1]))
+    several = len({k[0] for k in keys}) > 1
+    rows, cells, used = [], [], set()
+    for precision, model in keys:
+        mine = T.by_mode([r for r in runs if r['model'] == model and
+                          r.get('precision') == precision])
+        row = {c: T.CellStats(mine.get(mode, []) if mode else [], scale=(
+            parse_mode(mode).options['scale'] if c.startswith('Fixed')
+            else None)) for c, mode in cols}
+        for c in row.values():
+            used.update(id(r) for r in c.runs)
         means = [round(s.mean, 2) for s in row.values() if s.mean is not None]
         top = max(means) if means else None
         label = {'resnet18': 'ResNet-18', 'resnet50': 'ResNet-50'}.get(
             model, model)
-        rows.append([label] + [row[c].text(bold=row[c].mean is not None and
-                                           round(row[c].mean, 2) == top)
-                               for c, _ in COLUMNS])
-        cells += [('imagenet', model, c, row[c]) for c, _ in COLUMNS]
+        rows.append(([str(precision)] if several else []) + [label] + [
+            row[c].text(bold=row[c].mean is not None and
+                        round(row[c].mean, 2) == top) for c, _ in cols])
+        cells += [(precision, 'imagenet', model, c, row[c]) for c, _ in cols]
     counts = collections.Counter(r.get('status') for r in runs)
     footer = '{} runs ({}); top-1 on the ILSVRC2012 validation set; ' \
-        '"diverged" = all runs of the cell diverged.'.format(
+        '"diverged" = all runs of the cell diverged.{}'.format(
             len(runs), ', '.join('{} {}'.format(v, k) for k, v in
-                                 sorted(counts.items())) or 'none')
+                                 sorted(counts.items())) or 'none',
+            T.not_in_table(runs, used))
     return T.Table('Table 2: ImageNet top-1 accuracy (%)',
-                   ['Model'] + [c for c, _ in COLUMNS], rows, cells, footer)
+                   (['Precision'] if several else []) + ['Model'] +
+                   [c for c, _ in cols], rows, cells, footer)
 
 
 #: the one instance the entries run
