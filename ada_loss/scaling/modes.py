@@ -50,7 +50,10 @@ class LossScalingSpec(collections.namedtuple('LossScalingSpec',
 
 def _value_text(v):
     """An option value in the canonical text: an integral number without
-    its ``.0`` (``update_interval=100.0`` is ``update_interval=100``)."""
+    its ``.0`` (``update_interval=100.0`` is ``update_interval=100``), a
+    boolean as the mode string spells it (``guard=false``)."""
+    if isinstance(v, bool):
+        return 'true' if v else 'false'     # as written in a mode string
     if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53:
         return str(int(v))
     return str(v)

@@ -46,9 +46,14 @@ def test_paired_table_and_columns():
                                    precisions=['fp8_e4m3']),
         study=types.SimpleNamespace(fp32=False))
     text = depth.paired(cfg, RUNS)
-    # adaptive − held-out per seed: +5, +16, +9 points
-    assert ('| resnet110 | fp8_e4m3 | 10.00 ± 0.00 (n=3) [94 skipped] | '
-            '53.67 ± 3.21 (n=3) | 43.67 ± 5.51 (n=3) | +10.00 ± 5.57 | 3/3 |'
+    # adaptive − held-out per seed: +5, +16, +9 points: mean 10, std 5.57,
+    # 95 % half-width t(0.975, 2) · 5.57 / √3 = 4.303 · 3.215 = 13.83
+    assert ('| resnet110 | fp8_e4m3 | adaptive | 53.67 ± 3.21 (n=3) | '
+            '43.67 ± 5.51 (n=3) | +10.00 ± 13.83 (n=3) | level | 3/3 |'
+            ) in text
+    # the paper's algorithm: 10 − (50, 40, 41) = −40, −30, −31: behind
+    assert ('| adaptive:guard=false | 10.00 ± 0.00 (n=3) [94 skipped] | '
+            '43.67 ± 5.51 (n=3) | -33.67 ± 13.68 (n=3) | behind | 0/3 |'
             ) in text
     table = depth.table1(cfg, RUNS)
     header = table.splitlines()[0]
@@ -114,3 +119,33 @@ def test_reuse_only_runs_of_the_same_config(tmp_path):
     depth._edition.cache_clear()
     runs, left = depth.collect(study, same, str(tmp_path / 'out'))
     assert 'no config.yaml beside' in left[0][1]
+
+
+def test_recipe_comparison_and_robustness():
+    """grad=loss methods against the recipe (same precision without
+    grad=loss, mode none), paired; collapse = > 20 points below the FP32
+    run of the same seed, with Wilson's interval."""
+    gl = 'fp8_e4m3:recipe=current,grad=loss'
+    assert depth.without_grad_loss(gl) == 'fp8_e4m3:recipe=current'
+    assert depth.without_grad_loss('fp8_e4m3') is None
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(models=['resnet56'],
+                                   precisions=[gl, 'fp8_e4m3:recipe=current']),
+        study=types.SimpleNamespace(fp32=True))
+    runs = {
+        ('float32', 'resnet56', 'fp32'): [_run(s, 0.70) for s in range(4)],
+        ('fp8_e4m3:recipe=current', 'resnet56', 'none'): [
+            _run(s, 0.66) for s in range(4)],
+        (gl, 'resnet56', 'adaptive'): [
+            _run(0, 0.60), _run(1, 0.62), _run(2, 0.61), _run(3, 0.45)],
+    }
+    text = depth.recipe_paired(cfg, runs)
+    # −6, −4, −5, −21: mean −9, std 8.04, half-width 3.182·8.04/2 = 12.80
+    assert '| resnet56 | {} | adaptive |'.format(gl) in text
+    assert '-9.00 ± 12.80 (n=4) | level | 0/4 |' in text
+    robust = depth.robustness(cfg, runs)
+    # seed 3 ends at 45 < 70 − 20: one collapse in four (Wilson 4.6–69.9 %)
+    assert '| resnet56 | {} | adaptive | 57.00 ± 8.04 (n=4) | 1/4 (5–70 %) |'\
+        .format(gl) in robust
+    assert '| fp8_e4m3:recipe=current | none | 66.00 ± 0.00 (n=4) | ' \
+        '0/4 (0–49 %) |' in robust

@@ -67,7 +67,8 @@ def test_parse_valid(mode, name, options, text):
     ('adaptive:init_scale=AUTO', 'adaptive:init_scale=auto'),
     ('adaptive:update_interval=100.0', 'adaptive:update_interval=100'),
     ('adaptive:bound=Product,guard=false', 'adaptive:bound=product,'
-     'guard=False'),
+     'guard=false'),
+    ('adaptive:guard=FALSE', 'adaptive:guard=false'),
 ])
 def test_canonical_text(spelling, canonical):
     """Every spelling of one mode is one spec with one text (issue 39 item

@@ -39,6 +39,7 @@ from ada_loss import atomic
 from ada_loss.analysis import gemm_probe
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
+from ada_loss.experiment import verdicts as V
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.modes import column_label, mode_columns
 from ada_loss.experiment.runner import config_changes, decide, run_locked
@@ -285,39 +286,150 @@ def held_out_fixed(runs, precision, model):
     return chosen, scales
 
 
-def paired(cfg, runs, mode='adaptive', paper='adaptive:guard=false'):
-    """Per depth and precision: ``mode`` and the paper's algorithm
-    (``paper``) beside the held-out fixed scale, and ``mode`` against it
-    paired by seed: the mean difference (points), its sample std, and the
-    seeds where ``mode`` is ahead."""
-    mode, paper = str(parse_mode(mode)), str(parse_mode(paper))
-    header = ['Depth', 'Precision', 'Adaptive (paper)', 'Adaptive',
-              'Fixed (held-out)', 'Adaptive − Fixed (held-out), paired',
-              'ahead']
+def _by_seed(rs):
+    return {r['seed']: r for r in rs}
+
+
+def _differences(mine, theirs):
+    """Paired differences (points) over the seeds where both finished."""
+    out = []
+    for seed, r in sorted(mine.items()):
+        a, b = _accuracy(r), _accuracy(theirs.get(seed, {}))
+        if a is not None and b is not None:
+            out.append(a - b)
+    return out
+
+
+def _method_modes(runs, precision, model):
+    """The grid's non-fixed modes with runs of (precision, model), in
+    column order."""
+    modes = {mode for (p, m, mode), rs in runs.items()
+             if p == precision and m == model and rs and mode != 'fp32'
+             and not mode.startswith('fixed:')}
+    return [mode for _, mode in _mode_columns(
+        {(precision, model, mode): runs[(precision, model, mode)]
+         for mode in modes}, precision)]
+
+
+def paired(cfg, runs):
+    """Per depth, precision and method (every non-fixed mode of the grid):
+    the method against the fixed scale chosen on the other seeds, paired
+    by seed: the mean difference (points) with its 95 % interval, the
+    verdict (ahead / level / behind: the interval above, containing or
+    below 0) and the seeds where the method is ahead."""
+    header = ['Depth', 'Precision', 'Method', 'Method', 'Fixed (held-out)',
+              'Method − Fixed (held-out), mean ± 95 %', 'verdict', 'ahead']
     lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
     for m in cfg.grid.models:
         for p in (str(p) for p in cfg.grid.precisions):
             fixed, _ = held_out_fixed(runs, p, m)
-            mine = {r['seed']: r for r in runs.get((p, m, mode), [])}
-            diffs = []
-            for seed, r in sorted(mine.items()):
-                a, b = _accuracy(r), _accuracy(fixed.get(seed, {}))
-                if a is None or b is None:
-                    continue
-                diffs.append(a - b)
-            if not diffs:
+            if not fixed:
                 continue
-            std = float(numpy.std(diffs, ddof=1)) if len(diffs) > 1 else None
-            lines.append('| {} | {} | {} | {} | {} | {:+.2f}{} | {}/{} |'
-                         .format(m, p,
-                                 cell_text(stats(runs.get((p, m, paper), []))),
-                                 cell_text(stats(list(mine.values()))),
-                                 cell_text(stats(list(fixed.values()))),
-                                 float(numpy.mean(diffs)),
-                                 '' if std is None else ' ± {:.2f}'.format(
-                                     std),
-                                 sum(d > 0 for d in diffs), len(diffs)))
+            for mode in _method_modes(runs, p, m):
+                mine = _by_seed(runs[(p, m, mode)])
+                diffs = _differences(mine, fixed)
+                if not diffs:
+                    continue
+                v = V.paired(diffs)
+                lines.append('| {} | {} | {} | {} | {} | {} | {} | {}/{} |'
+                             .format(m, p, mode,
+                                     cell_text(stats(list(mine.values()))),
+                                     cell_text(stats(list(fixed.values()))),
+                                     V.paired_text(v), v.verdict,
+                                     sum(d > 0 for d in diffs), len(diffs)))
     return '\n'.join(lines)
+
+
+def without_grad_loss(precision):
+    """The recipe a ``grad=loss`` precision is compared with: its text
+    without ``grad=loss`` (None if it has no such option)."""
+    name, _, options = str(precision).partition(':')
+    opts = [o for o in options.split(',') if o]
+    if 'grad=loss' not in opts:
+        return None
+    rest = [o for o in opts if o != 'grad=loss']
+    return str(parse_precision(name + (':' + ','.join(rest) if rest
+                                       else '')))
+
+
+def recipe_paired(cfg, runs, base_mode='none'):
+    """Per depth, ``grad=loss`` precision and method: the method (its
+    gradients scaled by loss scaling inside the recipe) against the recipe
+    with its own gradient scaling (the same precision without
+    ``grad=loss``, mode ``none``), paired by seed, with the 95 % interval
+    and the verdict."""
+    header = ['Depth', 'Precision', 'Method', 'Method', 'Recipe',
+              'Method − Recipe, mean ± 95 %', 'verdict', 'ahead']
+    lines = []
+    for m in cfg.grid.models:
+        for p in (str(p) for p in cfg.grid.precisions):
+            base = without_grad_loss(p)
+            if base is None:
+                continue
+            theirs = _by_seed(runs.get((base, m, base_mode), []))
+            for mode in _method_modes(runs, p, m):
+                mine = _by_seed(runs[(p, m, mode)])
+                diffs = _differences(mine, theirs)
+                if not diffs:
+                    continue
+                v = V.paired(diffs)
+                lines.append('| {} | {} | {} | {} | {} | {} | {} | {}/{} |'
+                             .format(m, p, mode,
+                                     cell_text(stats(list(mine.values()))),
+                                     cell_text(stats(list(theirs.values()))),
+                                     V.paired_text(v), v.verdict,
+                                     sum(d > 0 for d in diffs), len(diffs)))
+    if not lines:
+        return ''
+    return '\n'.join(['| ' + ' | '.join(header) + ' |',
+                      '|' + '---|' * len(header)] + lines)
+
+
+#: a run collapses when it ends more than this many points below FP32
+COLLAPSE_POINTS = 20.0
+
+
+def robustness(cfg, runs):
+    """Per depth, precision and mode (fixed scales included): the spread
+    over seeds and the share of runs that diverged or collapsed (ended more
+    than :data:`COLLAPSE_POINTS` below the FP32 run of the same seed, or
+    below the FP32 mean where that seed has none), with Wilson's 95 %
+    interval. Empty without FP32 runs."""
+    header = ['Depth', 'Precision', 'Mode', 'mean ± std (n)',
+              'collapsed or diverged (95 %)']
+    lines = []
+    for m in cfg.grid.models:
+        ref = _by_seed(runs.get(('float32', m, 'fp32'), []))
+        ref_mean = stats(list(ref.values()))[0]
+        if ref_mean is None:
+            continue
+        for p in (str(p) for p in cfg.grid.precisions):
+            modes = sorted({mode for (pp, mm, mode), rs in runs.items()
+                            if pp == p and mm == m and rs},
+                           key=_mode_order)
+            for mode in modes:
+                rs = runs[(p, m, mode)]
+                done = [r for r in rs
+                        if r.get('status') in (R.FINISHED, R.DIVERGED)]
+                bad = 0
+                for r in done:
+                    a = _accuracy(r)
+                    floor = _accuracy(ref.get(r['seed'], {}))
+                    floor = ref_mean if floor is None else floor
+                    bad += a is None or a < floor - COLLAPSE_POINTS
+                lines.append('| {} | {} | {} | {} | {} |'.format(
+                    m, p, mode, cell_text(stats(rs)),
+                    V.rate_text(bad, len(done))))
+    if not lines:
+        return ''
+    return '\n'.join(['| ' + ' | '.join(header) + ' |',
+                      '|' + '---|' * len(header)] + lines)
+
+
+def _mode_order(mode):
+    if mode.startswith('fixed:'):
+        return (1, float(mode.split(':')[1]), mode)
+    return (0 if mode == 'none' else 2, 0.0, mode)
 
 
 def best_fixed(runs, precision, model):
@@ -518,9 +630,21 @@ def write_outputs(cfg, out, runs, left=()):
           '(n = finished runs); [k skipped] = mean skipped steps per run.\n')
     t4 = ('**Fixed loss scale sweep per depth (Table 4 style)**\n\n'
           + table4(cfg, runs) + '\n')
-    t1 += ('\n**Adaptive (default, with the guard) against the fixed scale '
-           'chosen on the other seeds, paired by seed**\n\n'
+    t1 += ('\n**Each method against the fixed scale chosen on the other '
+           'seeds, paired by seed** (mean difference in points ± the half-'
+           'width of its 95 % t interval; verdict: ahead / level / behind = '
+           'the interval above / containing / below 0)\n\n'
            + paired(cfg, runs) + '\n')
+    recipes = recipe_paired(cfg, runs)
+    if recipes:
+        t1 += ('\n**Loss scaling inside the recipe (grad=loss) against the '
+               'recipe\'s own gradient scaling (mode none), paired by '
+               'seed**\n\n' + recipes + '\n')
+    robust = robustness(cfg, runs)
+    if robust:
+        t1 += ('\n**Robustness: spread over seeds and runs that collapsed '
+               '(ended > {:g} points below FP32) or diverged, with Wilson\'s '
+               '95 % interval**\n\n'.format(COLLAPSE_POINTS) + robust + '\n')
     reused = sum(bool(r.get('reused')) for rs in runs.values() for r in rs)
     if reused:
         t1 += ('\n{} runs (none, fixed, dynamic) are the earlier edition\'s '
