@@ -224,13 +224,12 @@ def test_no_readable_snapshot_starts_afresh_and_says_so(tiny, tmp_path):
     assert info['resumed_from'] is None and not info['resumed']
 
 
-@pytest.mark.parametrize('delete_config', [False, True])
-def test_kill_after_the_last_snapshot(tiny, tmp_path, delete_config):
+def test_kill_after_the_last_snapshot(tiny, tmp_path):
     """Killed after the final snapshot (iteration 8), before run.json and
     the TensorBoard session end: --resume trains nothing and gives the
     reference's run.json, α range included, and finalized event files
-    (issue 39 item 10). With config.yaml deleted, --resume refuses (it
-    cannot check the config) instead of continuing blind."""
+    (issue 39 item 10; with config.yaml deleted --resume refuses instead:
+    tests/experiment/test_run_rules.py)."""
     config, ref, _ = tiny
     mode = 'adaptive'
     out = str(tmp_path)
@@ -240,12 +239,6 @@ def test_kill_after_the_last_snapshot(tiny, tmp_path, delete_config):
     folder = os.path.join(out, 'kill', cell(mode))
     with open(os.path.join(folder, 'run.json')) as f:
         assert json.load(f)['status'] == 'running'
-    if delete_config:
-        os.remove(os.path.join(folder, 'config.yaml'))
-        proc = run(config, out, '--only', 'mode=' + mode, '--resume')
-        assert proc.returncode == 2
-        assert 'config.yaml is missing or unreadable' in proc.stderr
-        return
     proc = run(config, out, '--only', 'mode=' + mode, '--resume')
     assert proc.returncode == 0, proc.stderr
     assert_same_run(folder, os.path.join(ref, cell(mode)))
