@@ -103,6 +103,9 @@ def parse_mode(spec):
                              'key=value with key one of: {}'
                              .format(item, name, ', '.join(allowed)))
         options[key] = _parse_value(value)
+    if name == 'adaptive' and options.get('style') == 'paper':
+        # the default style: adaptive:style=paper is adaptive (one name)
+        del options['style']
     return LossScalingSpec(name, options)
 
 
