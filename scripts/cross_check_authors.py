@@ -1,0 +1,433 @@
+"""Cross-check ``adaptive:style=authors`` against the authors' own code.
+
+    python scripts/cross_check_authors.py --reference PATH [--seed 0]
+
+PATH is a checkout of the authors' implementation (kumasento/gradient-scaling,
+Chainer 7; e.g. ``git clone`` it, or ``git archive HEAD | tar -x -C PATH``).
+Nothing of theirs is in this repository: their package is imported from PATH
+in a child process (it is also called ``ada_loss``, so it cannot share an
+interpreter with ours), which receives the cases as an ``.npz`` file and
+sends back, per layer, the α its gradient arrived with, the β it computed
+and its weight gradients.
+
+Each case is a small network (``mlp``: three Linear layers with ReLU;
+``conv``: two Convolution2D layers with ReLU and a Linear classifier), one
+loss-gradient scale (``tiny`` 3e-8, ``small`` 1e-4, ``huge`` 1e3 times
+N(0, 1)) and one setting of their caps (``none``: their ``use_bound=False``
+/ our caps off; ``default``: their defaults β ≤ 16, α·β ≤ 1024; ``cifar``:
+their CIFAR runs' 128 / 4096). Both sides get the same float16 weights,
+inputs and loss gradient (ours runs with ``chainer.config.fp16_gemm =
+'native'``, NumPy's float16 arithmetic, as Chainer's own GEMMs in theirs).
+Printed per case and layer: α and β of both, whether they are identical,
+and each side's weight-gradient error against a float64 backward of the same
+network (relative L2 error, and the share of nonzero entries flushed to 0).
+
+What the comparison does is unit-tested without their code
+(``tests/scripts/test_cross_check_authors.py``); the shims their code needs
+to run on this stack are here (:func:`_authors_worker`), not in the package.
+"""
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy
+
+NETS = ('mlp', 'conv')
+#: loss-gradient scales (times N(0, 1), stored in float16)
+GRAD_SCALES = collections.OrderedDict(
+    [('tiny', 3e-8), ('small', 1e-4), ('huge', 1e3)])
+#: (max_layer_scale, max_accum_scale) = their (scale_upper_bound,
+#: accum_upper_bound); None: their use_bound=False
+CAPS = collections.OrderedDict(
+    [('none', None), ('default', (16.0, 1024.0)), ('cifar', (128.0, 4096.0))])
+
+#: layer name -> (kind, W shape, has bias, conv stride / pad)
+LAYERS = {
+    'mlp': [('l1', 'linear', (64, 32), True, None),
+            ('l2', 'linear', (64, 64), True, None),
+            ('l3', 'linear', (10, 64), True, None)],
+    'conv': [('c1', 'conv', (8, 3, 3, 3), False, (1, 1)),
+             ('c2', 'conv', (16, 8, 3, 3), False, (2, 1)),
+             ('fc', 'linear', (10, 256), True, None)],
+}
+INPUT_SHAPE = {'mlp': (16, 32), 'conv': (4, 3, 8, 8)}
+
+
+# -- the cases (both sides) --------------------------------------------------
+def make_case(net, grad_scale, seed=0):
+    """Float16 weights (He-normal), input and loss gradient of one case:
+    a dict of arrays ``x``, ``gy``, ``<layer>/W``, ``<layer>/b``."""
+    rng = numpy.random.RandomState(seed)
+    arrays = {'x': rng.randn(*INPUT_SHAPE[net]).astype(numpy.float16)}
+    for name, _, shape, bias, _ in LAYERS[net]:
+        fan = int(numpy.prod(shape[1:]))
+        arrays[name + '/W'] = (rng.randn(*shape) * numpy.sqrt(2.0 / fan)
+                               ).astype(numpy.float16)
+        if bias:
+            arrays[name + '/b'] = (rng.randn(shape[0]) * 0.1
+                                   ).astype(numpy.float16)
+    n = INPUT_SHAPE[net][0]
+    arrays['gy'] = (rng.randn(n, 10) * GRAD_SCALES[grad_scale]
+                    ).astype(numpy.float16)
+    return arrays
+
+
+def forward(net, arrays, linear, conv, relu, flatten, dtype):
+    """The network of ``net`` with the given layer functions: ``linear(name,
+    h)``, ``conv(name, h, stride, pad)``, ``relu(h)``, ``flatten(h)``."""
+    h = arrays['x']
+    layers = LAYERS[net]
+    for i, (name, kind, _, _, conv_args) in enumerate(layers):
+        if kind == 'conv':
+            h = conv(name, h, *conv_args)
+        else:
+            if h.ndim > 2:
+                h = flatten(h)
+            h = linear(name, h)
+        if i + 1 < len(layers):
+            h = relu(h)
+    return h
+
+
+def float64_grads(net, arrays):
+    """{layer: dL/dW} of plain Chainer backprop in float64 (the reference)."""
+    import chainer
+    import chainer.functions as F
+    params = {k: chainer.Parameter(v.astype(numpy.float64))
+              for k, v in arrays.items() if '/' in k}
+    x = arrays['x'].astype(numpy.float64)
+
+    def linear(name, h):
+        return F.linear(h, params[name + '/W'], params.get(name + '/b'))
+
+    def conv(name, h, stride, pad):
+        return F.convolution_2d(h, params[name + '/W'], params.get(
+            name + '/b'), stride=stride, pad=pad)
+
+    y = forward(net, dict(arrays, x=x), linear, conv, F.relu,
+                lambda h: F.reshape(h, (h.shape[0], -1)), numpy.float64)
+    y.grad = arrays['gy'].astype(numpy.float64)
+    y.backward()
+    return {name: params[name + '/W'].grad for name, *_ in LAYERS[net]}
+
+
+def run_ours(net, arrays, caps, style='authors'):
+    """Ours (``AdaLossScaled(style=style)``, float16, native FP16
+    GEMMs): ({layer: (α, β)}, {layer: unscaled dL/dW in float64,
+    '(input)': (the input's gradient as carried, its scale)})."""
+    import chainer
+    import chainer.functions as F
+    import chainer.links as L
+    from ada_loss.adaptive import AdaLossScaled
+
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                for name, kind, shape, bias, conv_args in LAYERS[net]:
+                    if kind == 'conv':
+                        link = L.Convolution2D(
+                            shape[1], shape[0], shape[2], stride=conv_args[0],
+                            pad=conv_args[1], nobias=not bias)
+                    else:
+                        link = L.Linear(shape[1], shape[0], nobias=not bias)
+                    setattr(self, name, link)
+
+        def forward(self, x):
+            return forward(
+                net, dict(arrays, x=x),
+                lambda name, h: getattr(self, name)(h),
+                lambda name, h, s, p: getattr(self, name)(h),
+                F.relu, lambda h: F.reshape(h, (h.shape[0], -1)),
+                numpy.float16)
+
+    with chainer.using_config('dtype', numpy.float16), \
+            chainer.using_config('fp16_gemm', 'native'):
+        model = Net()
+        for name, *_ in LAYERS[net]:
+            link = getattr(model, name)
+            link.W.array[...] = arrays[name + '/W']
+            if link.b is not None:
+                link.b.array[...] = arrays[name + '/b']
+        layer_cap, accum_cap = caps if caps is not None else (None, None)
+        ada = AdaLossScaled(model, style=style, init_scale=1.0,
+                            max_layer_scale=layer_cap,
+                            max_accum_scale=accum_cap, verbose=False)
+        model.cleargrads()
+        x = chainer.Variable(arrays['x'])
+        y = model(x)
+        ada.backward(F.sum(y * arrays['gy']))
+    alphas, betas = ada.loss_scales(), ada.layer_scales()
+    scales = {k: (alphas[k], betas[k]) for k in alphas}
+    grads = {}
+    for name, *_ in LAYERS[net]:
+        W = getattr(model, name).W
+        scale = getattr(W, '_loss_scale', None) or 1.0
+        grads[name] = W.grad.astype(numpy.float64) / scale
+    grads['(input)'] = (x.grad, getattr(x, '_loss_scale', None) or 1.0)
+    return scales, grads
+
+
+# -- the comparison (unit-tested without their code) -------------------------
+def grad_errors(g, ref):
+    """(relative L2 error of g against ref, share of ref's nonzero entries
+    that are 0 in g); g and ref in float64. Non-finite g: (inf, nan)."""
+    g = numpy.asarray(g, numpy.float64)
+    ref = numpy.asarray(ref, numpy.float64)
+    if not numpy.isfinite(g).all():
+        return float('inf'), float('nan')
+    norm = numpy.sqrt(numpy.sum(ref * ref))
+    err = numpy.sqrt(numpy.sum((g - ref) ** 2))
+    rel = float(err / norm) if norm > 0 else float(err)
+    nonzero = ref != 0
+    flushed = float(numpy.mean(g[nonzero] == 0)) if nonzero.any() else 0.0
+    return rel, flushed
+
+
+def same_bits(a, b):
+    """Whether two arrays have the same dtype, shape and bits."""
+    if a is None or b is None:
+        return False
+    a, b = numpy.asarray(a), numpy.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and \
+        a.tobytes() == b.tobytes()
+
+
+Row = collections.namedtuple('Row', (
+    'case', 'layer', 'alpha_theirs', 'beta_theirs', 'alpha_ours',
+    'beta_ours', 'identical', 'err_theirs', 'flushed_theirs', 'err_ours',
+    'flushed_ours'))
+
+
+def compare(case, layers, theirs, ours, grads_theirs, grads_ours, ref):
+    """One :class:`Row` per layer. ``theirs``/``ours``: {layer: (α, β)}
+    (a layer missing on one side is a mismatch); grads: {layer: dL/dW}."""
+    rows = []
+    for name in layers:
+        a_t, b_t = theirs.get(name, (None, None))
+        a_o, b_o = ours.get(name, (None, None))
+        same = a_t is not None and a_o is not None and \
+            float(a_t) == float(a_o) and float(b_t) == float(b_o)
+        e_t = grad_errors(grads_theirs[name], ref[name]) \
+            if name in grads_theirs else (float('nan'), float('nan'))
+        e_o = grad_errors(grads_ours[name], ref[name]) \
+            if name in grads_ours else (float('nan'), float('nan'))
+        rows.append(Row(case, name, a_t, b_t, a_o, b_o, same,
+                        e_t[0], e_t[1], e_o[0], e_o[1]))
+    return rows
+
+
+def _num(v):
+    if v is None:
+        return '-'
+    return '{:g}'.format(float(v))
+
+
+def format_table(rows):
+    """A Markdown table of the rows and a last line counting matches."""
+    lines = ['| case | layer | α theirs | β theirs | α ours | β ours | '
+             'identical | gW rel. err. theirs | flushed theirs | '
+             'gW rel. err. ours | flushed ours |',
+             '|---|---|---|---|---|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append(
+            '| {} | {} | {} | {} | {} | {} | {} | {:.2e} | {:.1%} | {:.2e} | '
+            '{:.1%} |'.format(
+                r.case, r.layer, _num(r.alpha_theirs), _num(r.beta_theirs),
+                _num(r.alpha_ours), _num(r.beta_ours),
+                'yes' if r.identical else '**no**', r.err_theirs,
+                r.flushed_theirs, r.err_ours, r.flushed_ours))
+    same = sum(r.identical for r in rows)
+    lines.append('')
+    lines.append('{} of {} layers: α and β identical'.format(same, len(rows)))
+    return '\n'.join(lines)
+
+
+# -- their side (child process) ----------------------------------------------
+def _authors_worker(reference, path_in, path_out):
+    """Runs in a child process with their package first on sys.path: the
+    cases of ``path_in`` through their AdaLossLinear / AdaLossConvolution2D
+    links, ReLU and flatten wrapped in their IdentityLossScalingWrapper (as
+    their AdaLossScaled wraps a model's functions), the loss gradient
+    scaled by their ``loss_scaling`` (init scale 1), float16 as their
+    ``chainer.mixed16`` runs store activations and parameters."""
+    sys.path.insert(0, os.path.abspath(reference))
+    import chainer
+    import chainer.functions as F
+    import ada_loss as theirs_pkg
+    if not os.path.abspath(theirs_pkg.__file__).startswith(
+            os.path.abspath(reference)):
+        raise RuntimeError('imported {} instead of the reference'.format(
+            theirs_pkg.__file__))
+    from ada_loss.chainer_impl.ada_loss_chainer import AdaLossChainer
+    from ada_loss.chainer_impl.functions.loss_scaling import loss_scaling
+    from ada_loss.chainer_impl.links.ada_loss_convolution_2d import (
+        AdaLossConvolution2D)
+    from ada_loss.chainer_impl.links.ada_loss_linear import AdaLossLinear
+    from ada_loss.chainer_impl.links.identity_loss_scaling import (
+        IdentityLossScalingWrapper)
+
+    # record (α arriving, β) of each of their AdaLoss instances
+    records = {}
+    original = AdaLossChainer.get_loss_scale
+
+    def recording(self, g, W=None, prev_scale=None, lognormal=False):
+        beta = original(self, g, W=W, prev_scale=prev_scale,
+                        lognormal=lognormal)
+        records[id(self)] = (float(prev_scale), float(beta))
+        return beta
+    AdaLossChainer.get_loss_scale = recording
+
+    data = numpy.load(path_in)
+    out = {}
+    for case in [str(c) for c in data['cases']]:
+        net, _, caps, _ = case.split('/')
+        arrays = {k.split(':', 1)[1]: data[k] for k in data.files
+                  if k.startswith(case + ':')}
+        cfg = {'loss_scale_method': 'approx_range', 'n_uf_threshold': 1e-3,
+               'dtype': 'float16'}
+        if CAPS[caps] is None:
+            cfg['use_bound'] = False
+        else:
+            cfg['scale_upper_bound'], cfg['accum_upper_bound'] = CAPS[caps]
+        links = {}
+        with chainer.using_config('dtype', numpy.float16):
+            for name, kind, shape, bias, conv_args in LAYERS[net]:
+                if kind == 'conv':
+                    link = AdaLossConvolution2D(
+                        shape[1], shape[0], shape[2], stride=conv_args[0],
+                        pad=conv_args[1], nobias=not bias,
+                        ada_loss_cfg=dict(cfg))
+                else:
+                    link = AdaLossLinear(shape[1], shape[0], nobias=not bias,
+                                         ada_loss_cfg=dict(cfg))
+                link.W.array[...] = arrays[name + '/W']
+                if link.b is not None:
+                    link.b.array[...] = arrays[name + '/b']
+                link.cleargrads()   # a new Parameter's grad is NaN
+                links[name] = link
+            relu = IdentityLossScalingWrapper(F.relu)
+            flatten = IdentityLossScalingWrapper(
+                lambda h: F.reshape(h, (h.shape[0], -1)))
+            x = chainer.Variable(arrays['x'])
+            y = forward(net, dict(arrays, x=x), lambda n, h: links[n](h),
+                        lambda n, h, s, p: links[n](h), relu, flatten,
+                        numpy.float16)
+            y = loss_scaling(y, 1.0)
+            y.grad = arrays['gy']
+            try:
+                y.backward()
+                error = ''
+            except Exception as e:      # their code stops on some inputs
+                error = '{}: {}'.format(type(e).__name__, e)
+        for name, link in links.items():
+            prefix = '{}:{}/'.format(case, name)
+            if id(link.ada_loss) in records:
+                out[prefix + 'scales'] = numpy.array(
+                    records.pop(id(link.ada_loss)))
+            if link.W.grad is not None:
+                out[prefix + 'gW'] = link.W.grad
+        if x.grad is not None:      # the input gradient, at their α
+            out[case + ':gx'] = x.grad
+            out[case + ':gx_scale'] = numpy.array(
+                float(x.grad_var.__dict__.get('loss_scale', numpy.nan)))
+        out[case + ':error'] = numpy.array(error)
+    numpy.savez(path_out, **out)
+
+
+def run_theirs(reference, cases, python=sys.executable):
+    """{case: ({layer: (α, β)}, {layer: dL/dW}, error text)} from their code
+    in a child process (see :func:`_authors_worker`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path_in = os.path.join(tmp, 'cases.npz')
+        path_out = os.path.join(tmp, 'theirs.npz')
+        payload = {'cases': numpy.array(list(cases))}
+        for case, arrays in cases.items():
+            for k, v in arrays.items():
+                payload['{}:{}'.format(case, k)] = v
+        numpy.savez(path_in, **payload)
+        env = dict(os.environ)
+        env.pop('PYTHONPATH', None)     # ours must not shadow theirs
+        subprocess.run([python, os.path.abspath(__file__), '--worker',
+                        '--reference', reference, path_in, path_out],
+                       check=True, env=env, cwd=tmp)
+        data = numpy.load(path_out)
+        result = {}
+        for case in cases:
+            scales, grads = {}, {}
+            for k in data.files:
+                if not k.startswith(case + ':') or k.endswith(
+                        (':error', ':gx', ':gx_scale')):
+                    continue
+                layer, what = k.split(':', 1)[1].split('/')
+                if what == 'scales':
+                    scales[layer] = tuple(float(v) for v in data[k])
+                else:
+                    grads[layer] = data[k].astype(numpy.float64)
+            if case + ':gx' in data.files:
+                grads['(input)'] = (data[case + ':gx'],
+                                    float(data[case + ':gx_scale']))
+            result[case] = (scales, grads, str(data[case + ':error']))
+    return result
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--reference', required=True,
+                   help="a checkout of kumasento/gradient-scaling")
+    p.add_argument('--seeds', type=int, nargs='+', default=[0],
+                   help='seeds of the weights, inputs and loss gradients')
+    p.add_argument('--style', default='authors', choices=('authors',
+                                                          'paper'),
+                   help="our adaptive style to compare (paper: to see what "
+                   "differs from the paper's text)")
+    p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
+    p.add_argument('files', nargs='*', help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        _authors_worker(args.reference, *args.files)
+        return 0
+    if not os.path.isfile(os.path.join(args.reference, 'ada_loss',
+                                       'chainer_impl', 'ada_loss_chainer.py')):
+        p.error('{} is not a checkout of kumasento/gradient-scaling (no '
+                'ada_loss/chainer_impl/ada_loss_chainer.py)'.format(
+                    args.reference))
+    cases = collections.OrderedDict()
+    for seed in args.seeds:
+        for net in NETS:
+            for scale in GRAD_SCALES:
+                for caps in CAPS:
+                    cases['{}/{}/{}/{}'.format(net, scale, caps, seed)] = \
+                        make_case(net, scale, seed)
+    theirs = run_theirs(args.reference, cases)
+    rows = []
+    notes = []
+    inputs_same = 0
+    for case, arrays in cases.items():
+        net, _, caps, _ = case.split('/')
+        ours, grads_ours = run_ours(net, arrays, CAPS[caps], args.style)
+        t_scales, t_grads, error = theirs[case]
+        if error:
+            notes.append('{}: their code raised {}'.format(case, error))
+        gx_t, scale_t = t_grads.pop('(input)', (None, None))
+        gx_o, scale_o = grads_ours.pop('(input)')
+        if scale_t == scale_o and same_bits(gx_t, gx_o):
+            inputs_same += 1
+        else:
+            notes.append('{}: the input gradient differs (scale {} theirs, '
+                         '{} ours)'.format(case, scale_t, scale_o))
+        rows += compare(case, [n for n, *_ in LAYERS[net]], t_scales, ours,
+                        t_grads, grads_ours, float64_grads(net, arrays))
+    print(format_table(rows))
+    print('{} of {} cases: the network input gradient bit-identical, at '
+          'the same scale'.format(inputs_same, len(cases)))
+    for note in notes:
+        print(note)
+    return 0 if all(r.identical for r in rows) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
