@@ -13,7 +13,8 @@ and its weight gradients.
 Each case is a small network (``mlp``: three Linear layers with ReLU;
 ``conv``: two Convolution2D layers with ReLU and a Linear classifier), one
 loss-gradient scale (``tiny`` 3e-8, ``small`` 1e-4, ``huge`` 1e3 times
-N(0, 1)) and one setting of their caps (``none``: their ``use_bound=False``
+N(0, 1); or ``seq``: three backward passes with a tiny, a small and a huge
+one, β recomputed every 2 passes on both sides) and one setting of their caps (``none``: their ``use_bound=False``
 / our caps off; ``default``: their defaults β ≤ 16, α·β ≤ 1024; ``cifar``:
 their CIFAR runs' 128 / 4096). Both sides get the same float16 weights,
 inputs and loss gradient (ours runs with ``chainer.config.fp16_gemm =
@@ -23,7 +24,7 @@ and each side's weight-gradient error against a float64 backward of the same
 network (relative L2 error, and the share of nonzero entries flushed to 0).
 
 What the comparison does is unit-tested without their code
-(``tests/scripts/test_cross_check_authors.py``); the shims their code needs
+(``tests/test_cross_check_authors.py``); the shims their code needs
 to run on this stack are here (:func:`_authors_worker`), not in the package.
 """
 import argparse
@@ -39,6 +40,10 @@ NETS = ('mlp', 'conv')
 #: loss-gradient scales (times N(0, 1), stored in float16)
 GRAD_SCALES = collections.OrderedDict(
     [('tiny', 3e-8), ('small', 1e-4), ('huge', 1e3)])
+#: several backward passes (no update in between) with β recomputed every
+#: INTERVAL passes: one loss gradient of each scale in turn
+SEQUENCES = collections.OrderedDict([('seq', ('tiny', 'small', 'huge'))])
+INTERVAL = 2
 #: (max_layer_scale, max_accum_scale) = their (scale_upper_bound,
 #: accum_upper_bound); None: their use_bound=False
 CAPS = collections.OrderedDict(
@@ -70,9 +75,26 @@ def make_case(net, grad_scale, seed=0):
             arrays[name + '/b'] = (rng.randn(shape[0]) * 0.1
                                    ).astype(numpy.float16)
     n = INPUT_SHAPE[net][0]
-    arrays['gy'] = (rng.randn(n, 10) * GRAD_SCALES[grad_scale]
-                    ).astype(numpy.float16)
+    for i, scale in enumerate(SEQUENCES.get(grad_scale, (grad_scale,))):
+        arrays['gy' if i == 0 else 'gy@{}'.format(i)] = (
+            rng.randn(n, 10) * GRAD_SCALES[scale]).astype(numpy.float16)
     return arrays
+
+
+def loss_gradients(arrays):
+    """The loss gradient of each backward pass of a case, in order."""
+    n = 1 + sum(k.startswith('gy@') for k in arrays)
+    return [arrays['gy']] + [arrays['gy@{}'.format(i)] for i in range(1, n)]
+
+
+def update_interval(arrays):
+    """β is recomputed every this many passes (INTERVAL for a sequence)."""
+    return INTERVAL if len(loss_gradients(arrays)) > 1 else 1
+
+
+def layer_label(name, i):
+    """A layer of pass i (``l1``, then ``l1@1``, ``l1@2``, ...)."""
+    return name if i == 0 else '{}@{}'.format(name, i)
 
 
 def forward(net, arrays, linear, conv, relu, flatten, dtype):
@@ -93,7 +115,16 @@ def forward(net, arrays, linear, conv, relu, flatten, dtype):
 
 
 def float64_grads(net, arrays):
-    """{layer: dL/dW} of plain Chainer backprop in float64 (the reference)."""
+    """{layer label: dL/dW} of plain Chainer backprop in float64 (the
+    reference), for each pass's loss gradient."""
+    out = {}
+    for i, gy in enumerate(loss_gradients(arrays)):
+        grads = _float64_grads(net, dict(arrays, gy=gy))
+        out.update({layer_label(k, i): v for k, v in grads.items()})
+    return out
+
+
+def _float64_grads(net, arrays):
     import chainer
     import chainer.functions as F
     params = {k: chainer.Parameter(v.astype(numpy.float64))
@@ -155,18 +186,23 @@ def run_ours(net, arrays, caps, style='authors'):
         layer_cap, accum_cap = caps if caps is not None else (None, None)
         ada = AdaLossScaled(model, style=style, init_scale=1.0,
                             max_layer_scale=layer_cap,
-                            max_accum_scale=accum_cap, verbose=False)
-        model.cleargrads()
-        x = chainer.Variable(arrays['x'])
-        y = model(x)
-        ada.backward(F.sum(y * arrays['gy']))
-    alphas, betas = ada.loss_scales(), ada.layer_scales()
-    scales = {k: (alphas[k], betas[k]) for k in alphas}
-    grads = {}
-    for name, *_ in LAYERS[net]:
-        W = getattr(model, name).W
-        scale = getattr(W, '_loss_scale', None) or 1.0
-        grads[name] = W.grad.astype(numpy.float64) / scale
+                            max_accum_scale=accum_cap,
+                            update_interval=update_interval(arrays),
+                            verbose=False)
+        scales, grads = {}, {}
+        for i, gy in enumerate(loss_gradients(arrays)):
+            model.cleargrads()
+            x = chainer.Variable(arrays['x'])
+            y = model(x)
+            ada.backward(F.sum(y * gy))
+            alphas, betas = ada.loss_scales(), ada.layer_scales()
+            for name, *_ in LAYERS[net]:
+                label = layer_label(name, i)
+                scales[label] = (alphas[name], betas[name])
+                W = getattr(model, name).W
+                scale = getattr(W, '_loss_scale', None) or 1.0
+                grads[label] = W.grad.astype(numpy.float64) / scale
+    # the input gradient of the last pass
     grads['(input)'] = (x.grad, getattr(x, '_loss_scale', None) or 1.0)
     return scales, grads
 
@@ -288,7 +324,8 @@ def _authors_worker(reference, path_in, path_out):
         arrays = {k.split(':', 1)[1]: data[k] for k in data.files
                   if k.startswith(case + ':')}
         cfg = {'loss_scale_method': 'approx_range', 'n_uf_threshold': 1e-3,
-               'dtype': 'float16'}
+               'dtype': 'float16',
+               'update_per_n_iteration': update_interval(arrays)}
         if CAPS[caps] is None:
             cfg['use_bound'] = False
         else:
@@ -312,24 +349,28 @@ def _authors_worker(reference, path_in, path_out):
             relu = IdentityLossScalingWrapper(F.relu)
             flatten = IdentityLossScalingWrapper(
                 lambda h: F.reshape(h, (h.shape[0], -1)))
-            x = chainer.Variable(arrays['x'])
-            y = forward(net, dict(arrays, x=x), lambda n, h: links[n](h),
-                        lambda n, h, s, p: links[n](h), relu, flatten,
-                        numpy.float16)
-            y = loss_scaling(y, 1.0)
-            y.grad = arrays['gy']
-            try:
-                y.backward()
-                error = ''
-            except Exception as e:      # their code stops on some inputs
-                error = '{}: {}'.format(type(e).__name__, e)
-        for name, link in links.items():
-            prefix = '{}:{}/'.format(case, name)
-            if id(link.ada_loss) in records:
-                out[prefix + 'scales'] = numpy.array(
-                    records.pop(id(link.ada_loss)))
-            if link.W.grad is not None:
-                out[prefix + 'gW'] = link.W.grad
+            error = ''
+            for i, gy in enumerate(loss_gradients(arrays)):
+                for link in links.values():
+                    link.cleargrads()
+                x = chainer.Variable(arrays['x'])
+                y = forward(net, dict(arrays, x=x), lambda n, h: links[n](h),
+                            lambda n, h, s, p: links[n](h), relu, flatten,
+                            numpy.float16)
+                y = loss_scaling(y, 1.0)
+                y.grad = gy
+                try:
+                    y.backward()
+                except Exception as e:      # their code stops on some inputs
+                    error = '{}: {}'.format(type(e).__name__, e)
+                    break
+                for name, link in links.items():
+                    prefix = '{}:{}/'.format(case, layer_label(name, i))
+                    if id(link.ada_loss) in records:
+                        out[prefix + 'scales'] = numpy.array(
+                            records.pop(id(link.ada_loss)))
+                    if link.W.grad is not None:
+                        out[prefix + 'gW'] = link.W.grad
         if x.grad is not None:      # the input gradient, at their α
             out[case + ':gx'] = x.grad
             out[case + ':gx_scale'] = numpy.array(
@@ -362,7 +403,7 @@ def run_theirs(reference, cases, python=sys.executable):
                 if not k.startswith(case + ':') or k.endswith(
                         (':error', ':gx', ':gx_scale')):
                     continue
-                layer, what = k.split(':', 1)[1].split('/')
+                layer, what = k.split(':', 1)[1].rsplit('/', 1)
                 if what == 'scales':
                     scales[layer] = tuple(float(v) for v in data[k])
                 else:
@@ -398,7 +439,7 @@ def main(argv=None):
     cases = collections.OrderedDict()
     for seed in args.seeds:
         for net in NETS:
-            for scale in GRAD_SCALES:
+            for scale in list(GRAD_SCALES) + list(SEQUENCES):
                 for caps in CAPS:
                     cases['{}/{}/{}/{}'.format(net, scale, caps, seed)] = \
                         make_case(net, scale, seed)
@@ -419,8 +460,11 @@ def main(argv=None):
         else:
             notes.append('{}: the input gradient differs (scale {} theirs, '
                          '{} ours)'.format(case, scale_t, scale_o))
-        rows += compare(case, [n for n, *_ in LAYERS[net]], t_scales, ours,
-                        t_grads, grads_ours, float64_grads(net, arrays))
+        labels = [layer_label(n, i)
+                  for i in range(len(loss_gradients(arrays)))
+                  for n, *_ in LAYERS[net]]
+        rows += compare(case, labels, t_scales, ours, t_grads, grads_ours,
+                        float64_grads(net, arrays))
     print(format_table(rows))
     print('{} of {} cases: the network input gradient bit-identical, at '
           'the same scale'.format(inputs_same, len(cases)))

@@ -84,3 +84,22 @@ def test_ours_last_layer_and_errors(net):
 def test_needs_a_checkout(tmp_path):
     with pytest.raises(SystemExit):
         cc.main(['--reference', str(tmp_path)])
+
+
+def test_sequence_case_reuses_then_recomputes():
+    arrays = cc.make_case('mlp', 'seq', seed=0)
+    gys = cc.loss_gradients(arrays)
+    assert len(gys) == 3 and cc.update_interval(arrays) == 2
+    assert cc.update_interval(cc.make_case('mlp', 'tiny')) == 1
+    # the first pass's loss gradient is the tiny case's
+    assert cc.same_bits(gys[0], cc.make_case('mlp', 'tiny')['gy'])
+    ref = cc.float64_grads('mlp', arrays)
+    assert set(ref) == {cc.layer_label(n, i) for i in range(3)
+                        for n in ('l1', 'l2', 'l3')}
+    scales, grads = cc.run_ours('mlp', arrays, cc.CAPS['default'])
+    # pass 1 reuses pass 0's beta (a small gradient at the tiny one's scale)
+    assert scales['l3@1'] == scales['l3'] == (1.0, 16.0)
+    assert scales['l3@2'] == (1.0, authors_loss_scale(
+        arrays['l3/W'], gys[2], max_layer_scale=16.0, max_accum_scale=1024.0))
+    assert scales['l3@2'][1] < 1
+    assert cc.grad_errors(grads['l1@1'], ref['l1@1'])[0] < 1e-2
