@@ -232,12 +232,14 @@ def to_csv(table):
 ROW_ORDER = ('float32', 'mixed16', 'bf16', 'fp8_e5m2', 'fp8_e4m3', 'fp8')
 
 COLUMNS = ('None', 'Fixed (best)', 'Fixed (worst)', 'Dynamic', 'Adaptive',
-           'Adaptive (paper)', 'Amax')
+           'Adaptive (paper)', 'Adaptive (authors)', 'Amax')
 
 
 def _column(run):
     name, opts = run['mode_name'], run['mode_options']
     if name == 'adaptive':
+        if opts.get('style') == 'authors':
+            return 'Adaptive (authors)'     # docs/authors.md
         return 'Adaptive (paper)' if opts.get('guard') is False \
             else 'Adaptive'
     return {'none': 'None', 'dynamic': 'Dynamic', 'amax': 'Amax'}.get(name)

@@ -48,7 +48,7 @@ from ada_loss.scaling import parse_mode
 matplotlib.use('Agg')
 
 COLUMNS = ('None', 'Fixed (best)', 'Fixed (held-out)', 'Dynamic',
-           'Adaptive (paper)', 'Adaptive', 'Amax')
+           'Adaptive (paper)', 'Adaptive', 'Adaptive (authors)', 'Amax')
 #: the FP32 runs' mode and precision
 FP32, FLOAT32 = parse_mode('fp32'), parse_precision('float32')
 
@@ -200,6 +200,8 @@ def cell_text(s, note=''):
 
 def _column(mode):
     spec = parse_mode(mode)
+    if spec.name == 'adaptive' and spec.options.get('style') == 'authors':
+        return 'Adaptive (authors)'     # the authors' code (docs/authors.md)
     if spec.name == 'adaptive' and spec.options.get('guard') is False:
         return 'Adaptive (paper)'
     return {'none': 'None', 'dynamic': 'Dynamic', 'adaptive': 'Adaptive',
