@@ -216,7 +216,7 @@ class AdaLossScaled(object):
             self._betas[key] = 1.0 if raw is None else float(raw)
         return authors_round_pow2(
             authors_caps(self._betas[key], alpha, self.max_layer_scale,
-                         self.max_accum_scale), self.fmt)
+                         self.max_accum_scale, self.fmt), self.fmt)
 
     def _gemm_scale_on_device(self, func, W, g):
         """β as a 0-d device array (CuPy kernels, no synchronization)."""

@@ -389,11 +389,13 @@ def authors_raw_scale(W, g, t_uf=1e-3, fmt='float16'):
     if not (g.size and W.size):
         return one
     u_min, u_max = authors_range(fmt)
-    # get_mean_and_std_of_product(g, W): X = g, Y = W
-    g_mu, g_sigma = _authors_mean_std(g)
-    w_mu, w_sigma = _authors_mean_std(W)
-    o_var = (g_sigma ** 2 + g_mu ** 2) * (w_sigma ** 2 + w_mu ** 2)
-    o_sigma = numpy.sqrt(o_var).astype(numpy.float32)
+    # get_mean_and_std_of_product(g, W): X = g, Y = W (an Inf in g or W
+    # gives NaN statistics, quietly: None below)
+    with numpy.errstate(invalid='ignore', over='ignore'):
+        g_mu, g_sigma = _authors_mean_std(g)
+        w_mu, w_sigma = _authors_mean_std(W)
+        o_var = (g_sigma ** 2 + g_mu ** 2) * (w_sigma ** 2 + w_mu ** 2)
+        o_sigma = numpy.sqrt(o_var).astype(numpy.float32)
     if not numpy.isfinite(o_sigma):
         return None
     if o_sigma == 0:
@@ -414,20 +416,29 @@ def authors_raw_scale(W, g, t_uf=1e-3, fmt='float16'):
     return numpy.minimum(loss_scale, upper_scale).astype(numpy.float32)
 
 
+def _authors_cap(cap, fmt):
+    # their AdaLoss stores both caps in the scale dtype (float16 when
+    # training in float16: a cap above 65504 is infinite there, i.e. off)
+    if get_format(fmt).name == 'float16':
+        with numpy.errstate(over='ignore'):
+            cap = numpy.float16(cap)
+    return numpy.array(cap, dtype=numpy.float32)
+
+
 def authors_caps(scale, alpha=1.0, max_layer_scale=None,
-                 max_accum_scale=None):
+                 max_accum_scale=None, fmt='float16'):
     """Their ``bound_loss_scale_by_heuristics``: β ≤ max_accum_scale / α
     (α the scale the gradient arrived with) and β ≤ max_layer_scale, in
-    their types; a cap that is None is not applied (their code always
-    applies both, by default 1024 and 16)."""
+    their types (the caps stored in float16 for float16 training); a cap
+    that is None is not applied (their code always applies both, by
+    default 1024 and 16)."""
     scale = numpy.asarray(scale, dtype=numpy.float32)
     if max_accum_scale is not None:
-        accum = numpy.array(max_accum_scale, dtype=numpy.float32) \
+        accum = _authors_cap(max_accum_scale, fmt) \
             / numpy.array(float(alpha))
         scale = numpy.minimum(accum, scale)
     if max_layer_scale is not None:
-        scale = numpy.minimum(
-            numpy.array(max_layer_scale, dtype=numpy.float32), scale)
+        scale = numpy.minimum(_authors_cap(max_layer_scale, fmt), scale)
     return scale.astype(numpy.float32)
 
 
@@ -465,4 +476,4 @@ def authors_loss_scale(W, g, t_uf=1e-3, fmt='float16', alpha=1.0,
     if raw is None:
         return 1.0
     return authors_round_pow2(
-        authors_caps(raw, alpha, max_layer_scale, max_accum_scale), fmt)
+        authors_caps(raw, alpha, max_layer_scale, max_accum_scale, fmt), fmt)

@@ -107,6 +107,10 @@ def test_caps_as_theirs():
     assert authors_loss_scale(W, g, alpha=2048.0,
                               max_accum_scale=1024) == 0.5
     assert float(authors_caps(np.float32(300.0), 8.0, 128, 4096)) == 128.0
+    # their caps are float16 numbers: 1e5 is infinite there (no cap)
+    assert float(authors_caps(np.float32(3e5), 1.0, 1e5)) == 3e5
+    assert float(authors_caps(np.float32(3e5), 1.0, 1e5, None,
+                              'float32')) == 1e5
 
 
 def test_their_rounding_rounds_up_just_below_a_power_of_two():
