@@ -11,7 +11,9 @@ sends back, per layer, the α its gradient arrived with, the β it computed
 and its weight gradients.
 
 Each case is a small network (``mlp``: three Linear layers with ReLU;
-``conv``: two Convolution2D layers with ReLU and a Linear classifier), one
+``conv``: two Convolution2D layers with ReLU and a Linear classifier;
+``res``: a convolution whose output feeds a second one and the shortcut
+of a residual sum, where Algorithm 5 merges the two scales), one
 loss-gradient scale (``tiny`` 3e-8, ``small`` 1e-4, ``huge`` 1e3 times
 N(0, 1); or ``seq``: three backward passes with a tiny, a small and a huge
 one, β recomputed every 2 passes on both sides) and one setting of their caps (``none``: their ``use_bound=False``
@@ -36,7 +38,7 @@ import tempfile
 
 import numpy
 
-NETS = ('mlp', 'conv')
+NETS = ('mlp', 'conv', 'res')
 #: loss-gradient scales (times N(0, 1), stored in float16)
 GRAD_SCALES = collections.OrderedDict(
     [('tiny', 3e-8), ('small', 1e-4), ('huge', 1e3)])
@@ -57,8 +59,13 @@ LAYERS = {
     'conv': [('c1', 'conv', (8, 3, 3, 3), False, (1, 1)),
              ('c2', 'conv', (16, 8, 3, 3), False, (2, 1)),
              ('fc', 'linear', (10, 256), True, None)],
+    # a residual block: relu(c0(x)) feeds c1 and the shortcut, which meet
+    # in a sum (Algorithm 5: their AdaLossBranch.rescaling, ours backward.py)
+    'res': [('c0', 'conv', (8, 3, 3, 3), False, (1, 1)),
+            ('c1', 'conv', (8, 8, 3, 3), False, (1, 1)),
+            ('fc', 'linear', (10, 512), True, None)],
 }
-INPUT_SHAPE = {'mlp': (16, 32), 'conv': (4, 3, 8, 8)}
+INPUT_SHAPE = {'mlp': (16, 32), 'conv': (4, 3, 8, 8), 'res': (4, 3, 8, 8)}
 
 
 # -- the cases (both sides) --------------------------------------------------
@@ -97,11 +104,19 @@ def layer_label(name, i):
     return name if i == 0 else '{}@{}'.format(name, i)
 
 
-def forward(net, arrays, linear, conv, relu, flatten, dtype):
+def forward(net, arrays, linear, conv, relu, flatten, dtype, branch=None):
     """The network of ``net`` with the given layer functions: ``linear(name,
-    h)``, ``conv(name, h, stride, pad)``, ``relu(h)``, ``flatten(h)``."""
+    h)``, ``conv(name, h, stride, pad)``, ``relu(h)``, ``flatten(h)`` and,
+    for ``res``, ``branch(h)`` -> (h, h) (their AdaLossBranch; ours: the
+    variable used twice)."""
     h = arrays['x']
     layers = LAYERS[net]
+    if net == 'res':
+        (c0, _, _, _, a0), (c1, _, _, _, a1), (fc, *_) = layers
+        h = relu(conv(c0, h, *a0))
+        h1, h2 = branch(h) if branch is not None else (h, h)
+        h = relu(conv(c1, h1, *a1) + h2)
+        return linear(fc, flatten(h))
     for i, (name, kind, _, _, conv_args) in enumerate(layers):
         if kind == 'conv':
             h = conv(name, h, *conv_args)
@@ -299,6 +314,7 @@ def _authors_worker(reference, path_in, path_out):
         raise RuntimeError('imported {} instead of the reference'.format(
             theirs_pkg.__file__))
     from ada_loss.chainer_impl.ada_loss_chainer import AdaLossChainer
+    from ada_loss.chainer_impl.functions.ada_loss_branch import AdaLossBranch
     from ada_loss.chainer_impl.functions.loss_scaling import loss_scaling
     from ada_loss.chainer_impl.links.ada_loss_convolution_2d import (
         AdaLossConvolution2D)
@@ -349,6 +365,9 @@ def _authors_worker(reference, path_in, path_out):
             relu = IdentityLossScalingWrapper(F.relu)
             flatten = IdentityLossScalingWrapper(
                 lambda h: F.reshape(h, (h.shape[0], -1)))
+
+            def branch(h):
+                return AdaLossBranch(ada_loss_cfg=dict(cfg)).apply((h,))
             error = ''
             for i, gy in enumerate(loss_gradients(arrays)):
                 for link in links.values():
@@ -356,7 +375,7 @@ def _authors_worker(reference, path_in, path_out):
                 x = chainer.Variable(arrays['x'])
                 y = forward(net, dict(arrays, x=x), lambda n, h: links[n](h),
                             lambda n, h, s, p: links[n](h), relu, flatten,
-                            numpy.float16)
+                            numpy.float16, branch)
                 y = loss_scaling(y, 1.0)
                 y.grad = gy
                 try:
