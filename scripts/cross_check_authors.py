@@ -32,6 +32,7 @@ to run on this stack are here (:func:`_authors_worker`), not in the package.
 import argparse
 import collections
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -222,6 +223,152 @@ def run_ours(net, arrays, caps, style='authors'):
     return scales, grads
 
 
+# -- their CIFAR ResNet-20 beside ours -------------------------------------------
+RESNET = 'resnet20'
+RESNET_INPUT = (2, 3, 32, 32)      # their pool5 is an 8x8 average: 32x32 images
+
+
+def their_to_our_path(path):
+    """A link or parameter path of their ResNetCIFAR under their
+    AdaLossScaled (``/link/res3/b1/conv2/conv/W``) as the path of the same
+    one in ``CifarResNet(shortcut='authors')`` (``res3/2/conv2/W``)."""
+    p = path.replace('/link/', '/', 1).lstrip('/')
+    p = re.sub(r'^(res\d)/a(/|$)', r'\1/0\2', p)
+    p = re.sub(r'^(res\d)/b(\d+)(/|$)',
+               lambda m: '{}/{}{}'.format(m.group(1), int(m.group(2)) + 1,
+                                          m.group(3)), p)
+    p = re.sub(r'(^|/)conv(\d)/conv(/|$)', r'\1conv\2\3', p)
+    p = re.sub(r'(^|/)conv(\d)/bn(/|$)', r'\1bn\2\3', p)
+    p = re.sub(r'(^|/)residual/conv(/|$)', r'\1shortcut_conv\2', p)
+    p = re.sub(r'(^|/)residual/bn(/|$)', r'\1shortcut_bn\2', p)
+    return re.sub(r'^fc6(/|$)', r'fc\1', p)
+
+
+def _our_resnet(dtype):
+    import chainer
+    from ada_loss.models import CifarResNet
+    with chainer.using_config('dtype', dtype):
+        return CifarResNet(20, num_classes=10, shortcut='authors')
+
+
+def make_resnet_case(grad_scale, seed=0):
+    """Parameters (by our path), input and loss gradient of a ResNet-20 case:
+    our ``CifarResNet(20, shortcut='authors')`` initialized in mixed16 (their
+    initialization), BN γ and β drawn around 1 and 0 so that they matter."""
+    import chainer
+    numpy.random.seed(seed)
+    model = _our_resnet(chainer.mixed16)
+    rng = numpy.random.RandomState(seed)
+    arrays = {}
+    for path, param in model.namedparams():
+        a = param.array.copy()
+        if path.endswith('/gamma'):
+            a = (1 + 0.1 * rng.randn(*a.shape)).astype(a.dtype)
+        elif path.endswith('/beta'):
+            a = (0.1 * rng.randn(*a.shape)).astype(a.dtype)
+        arrays[path.lstrip('/')] = a
+    arrays['x'] = rng.randn(*RESNET_INPUT).astype(numpy.float16)
+    arrays['gy'] = (rng.randn(RESNET_INPUT[0], 10) * GRAD_SCALES[grad_scale]
+                    ).astype(numpy.float16)
+    return arrays
+
+
+def _load_params(model, arrays, path_of=lambda p: p):
+    for path, param in model.namedparams():
+        param.array[...] = arrays[path_of(path).lstrip('/')].astype(
+            param.array.dtype)
+
+
+def resnet_gemm_paths(arrays):
+    """Our paths of the GEMM layers of a ResNet case (backward order is
+    not needed: rows follow this order)."""
+    return [k[:-2] for k in sorted(arrays) if k.endswith('/W')]
+
+
+def run_ours_resnet(arrays, caps, style='authors'):
+    """As :func:`run_ours` for the ResNet-20 case (BN in training mode)."""
+    import chainer
+    import chainer.functions as F
+    from ada_loss.adaptive import AdaLossScaled
+    model = _our_resnet(chainer.mixed16)
+    _load_params(model, arrays)
+    layer_cap, accum_cap = caps if caps is not None else (None, None)
+    with chainer.using_config('dtype', chainer.mixed16), \
+            chainer.using_config('fp16_gemm', 'native'):
+        ada = AdaLossScaled(model, style=style, init_scale=1.0,
+                            max_layer_scale=layer_cap,
+                            max_accum_scale=accum_cap, verbose=False)
+        model.cleargrads()
+        x = chainer.Variable(arrays['x'])
+        y = model(x)
+        ada.backward(F.sum(y * arrays['gy']))
+    alphas, betas = ada.loss_scales(), ada.layer_scales()
+    scales = {k: (alphas[k], betas[k]) for k in alphas}
+    links = dict(model.namedlinks())
+    grads = {}
+    for key in alphas:
+        W = links['/' + key].W
+        grads[key] = W.grad.astype(numpy.float64) / (
+            getattr(W, '_loss_scale', None) or 1.0)
+    grads['(input)'] = (x.grad, getattr(x, '_loss_scale', None) or 1.0)
+    return scales, grads
+
+
+def float64_resnet_grads(arrays):
+    """{layer: dL/dW} of the ResNet case by plain float64 backprop."""
+    import chainer
+    model = _our_resnet(numpy.float64)
+    _load_params(model, arrays)
+    with chainer.using_config('dtype', numpy.float64):
+        model.cleargrads()
+        y = model(arrays['x'].astype(numpy.float64))
+        y.grad = arrays['gy'].astype(numpy.float64)
+        y.backward()
+    links = dict(model.namedlinks())
+    return {k: links['/' + k].W.grad for k in resnet_gemm_paths(arrays)}
+
+
+def _their_resnet(arrays, cfg, records):
+    """Their ResNetCIFAR(20) under their AdaLossScaled with the transforms
+    of their CIFAR script (examples/adaptive_loss_scaling/cifar/utils.py),
+    our parameters, one backward from ``gy`` at the logits (their
+    AdaLossScaled scales it by init_scale 1). Returns ({our layer path:
+    (α, β)}, {our layer path: dL/dW}, input gradient, its scale)."""
+    import chainer
+    from chainerlp.ada_loss import transforms as chainerlp_transforms
+    from chainerlp.links.models.resnet import ResNetCIFAR
+    from ada_loss.chainer_impl import transforms
+    from ada_loss.chainer_impl.ada_loss_scaled import AdaLossScaled
+    from ada_loss.chainer_impl.links.ada_loss_convolution_2d import (
+        AdaLossConvolution2D)
+    from ada_loss.chainer_impl.links.ada_loss_linear import AdaLossLinear
+    with chainer.using_config('dtype', chainer.mixed16):
+        net = AdaLossScaled(
+            ResNetCIFAR(20, n_class=10), init_scale=1.0, cfg=dict(cfg),
+            transforms=[
+                transforms.AdaLossTransformLinear(),
+                transforms.AdaLossTransformConvolution2D(),
+                transforms.AdaLossTransformBatchNormalization(),
+                chainerlp_transforms.AdaLossTransformConv2DBNActiv(),
+                chainerlp_transforms.AdaLossTransformBasicBlock(),
+                chainerlp_transforms.AdaLossTransformBNActivConv2D(),
+                chainerlp_transforms.AdaLossTransformBottleneckv2()])
+        _load_params(net, arrays, their_to_our_path)
+        gemms = {id(link.ada_loss): their_to_our_path(path)
+                 for path, link in net.namedlinks()
+                 if isinstance(link, (AdaLossConvolution2D, AdaLossLinear))}
+        net.cleargrads()
+        x = chainer.Variable(arrays['x'])
+        y = net(x)
+        y.grad = arrays['gy']
+        y.backward()
+    links = {their_to_our_path(p): l for p, l in net.namedlinks()}
+    scales = {gemms[k]: v for k, v in records.items() if k in gemms}
+    grads = {k: links[k].W.grad for k in scales}
+    return scales, grads, x.grad, float(
+        x.grad_var.__dict__.get('loss_scale', numpy.nan))
+
+
 # -- the comparison (unit-tested without their code) -------------------------
 def grad_errors(g, ref):
     """(relative L2 error of g against ref, share of ref's nonzero entries
@@ -346,6 +493,22 @@ def _authors_worker(reference, path_in, path_out):
             cfg['use_bound'] = False
         else:
             cfg['scale_upper_bound'], cfg['accum_upper_bound'] = CAPS[caps]
+        if net == RESNET:
+            records.clear()
+            try:
+                scales, grads, gx, gx_scale = _their_resnet(arrays, cfg,
+                                                            records)
+            except Exception as e:      # their code stops on some inputs
+                out[case + ':error'] = numpy.array('{}: {}'.format(
+                    type(e).__name__, e))
+                continue
+            for layer, v in scales.items():
+                out['{}:{}/scales'.format(case, layer)] = numpy.array(v)
+                out['{}:{}/gW'.format(case, layer)] = grads[layer]
+            out[case + ':gx'] = gx
+            out[case + ':gx_scale'] = numpy.array(gx_scale)
+            out[case + ':error'] = numpy.array('')
+            continue
         links = {}
         with chainer.using_config('dtype', numpy.float16):
             for name, kind, shape, bias, conv_args in LAYERS[net]:
@@ -413,7 +576,8 @@ def run_theirs(reference, cases, python=sys.executable):
         env.pop('PYTHONPATH', None)     # ours must not shadow theirs
         subprocess.run([python, os.path.abspath(__file__), '--worker',
                         '--reference', reference, path_in, path_out],
-                       check=True, env=env, cwd=tmp)
+                       check=True, env=env, cwd=tmp,
+                       stdout=subprocess.DEVNULL)   # their prints
         data = numpy.load(path_out)
         result = {}
         for case in cases:
@@ -444,6 +608,11 @@ def main(argv=None):
                                                           'paper'),
                    help="our adaptive style to compare (paper: to see what "
                    "differs from the paper's text)")
+    p.add_argument('--resnet', action='store_true',
+                   help="also their CIFAR ResNet-20 (their transforms, "
+                   "their ResNetCIFAR) beside CifarResNet(20, "
+                   "shortcut='authors'), one backward per loss-gradient "
+                   "scale and caps (slower: native FP16 convolutions)")
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('files', nargs='*', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -462,16 +631,29 @@ def main(argv=None):
                 for caps in CAPS:
                     cases['{}/{}/{}/{}'.format(net, scale, caps, seed)] = \
                         make_case(net, scale, seed)
+        if args.resnet:
+            for scale in GRAD_SCALES:
+                for caps in CAPS:
+                    cases['{}/{}/{}/{}'.format(RESNET, scale, caps, seed)] = \
+                        make_resnet_case(scale, seed)
     theirs = run_theirs(args.reference, cases)
     rows = []
     notes = []
+    not_compared = []
     inputs_same = 0
     for case, arrays in cases.items():
         net, _, caps, _ = case.split('/')
-        ours, grads_ours = run_ours(net, arrays, CAPS[caps], args.style)
+        if net == RESNET:
+            ours, grads_ours = run_ours_resnet(arrays, CAPS[caps], args.style)
+        else:
+            ours, grads_ours = run_ours(net, arrays, CAPS[caps], args.style)
         t_scales, t_grads, error = theirs[case]
         if error:
-            notes.append('{}: their code raised {}'.format(case, error))
+            # nothing of theirs to compare (an assertion in their code)
+            notes.append('{}: their code raised {} (not compared)'.format(
+                case, error))
+            not_compared.append(case)
+            continue
         gx_t, scale_t = t_grads.pop('(input)', (None, None))
         gx_o, scale_o = grads_ours.pop('(input)')
         if scale_t == scale_o and same_bits(gx_t, gx_o):
@@ -479,14 +661,25 @@ def main(argv=None):
         else:
             notes.append('{}: the input gradient differs (scale {} theirs, '
                          '{} ours)'.format(case, scale_t, scale_o))
-        labels = [layer_label(n, i)
-                  for i in range(len(loss_gradients(arrays)))
-                  for n, *_ in LAYERS[net]]
+        if net == RESNET:
+            labels = [k for k in ours if k in t_scales] + \
+                [k for k in ours if k not in t_scales] + \
+                [k for k in t_scales if k not in ours]
+            ref = float64_resnet_grads(arrays)
+        else:
+            labels = [layer_label(n, i)
+                      for i in range(len(loss_gradients(arrays)))
+                      for n, *_ in LAYERS[net]]
+            ref = float64_grads(net, arrays)
         rows += compare(case, labels, t_scales, ours, t_grads, grads_ours,
-                        float64_grads(net, arrays))
+                        ref)
     print(format_table(rows))
     print('{} of {} cases: the network input gradient bit-identical, at '
-          'the same scale'.format(inputs_same, len(cases)))
+          'the same scale'.format(inputs_same,
+                                  len(cases) - len(not_compared)))
+    if not_compared:
+        print('{} cases not compared: their code stopped'.format(
+            len(not_compared)))
     for note in notes:
         print(note)
     return 0 if all(r.identical for r in rows) else 1
