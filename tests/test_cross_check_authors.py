@@ -103,3 +103,25 @@ def test_sequence_case_reuses_then_recomputes():
         arrays['l3/W'], gys[2], max_layer_scale=16.0, max_accum_scale=1024.0))
     assert scales['l2@2'][1] < 1     # the huge gradient: their fan bound
     assert cc.grad_errors(grads['l1@1'], ref['l1@1'])[0] < 1e-2
+
+
+def test_their_paths_map_to_ours():
+    """Every parameter of their ResNetCIFAR(20) under their AdaLossScaled
+    maps to one of CifarResNet(20, shortcut='authors') (their paths written
+    out from their model at 0ca4354: conv1/conv, conv1/bn, res<k>/a with a
+    residual projection, res<k>/b<i>, fc6)."""
+    theirs = ['/link/conv1/conv/W', '/link/conv1/bn/gamma',
+              '/link/conv1/bn/beta', '/link/fc6/W', '/link/fc6/b']
+    for k in (2, 3, 4):
+        for block in ('a', 'b0', 'b1'):
+            for conv in ('conv1', 'conv2') + (('residual',) if block == 'a'
+                                               else ()):
+                base = '/link/res{}/{}/{}/'.format(k, block, conv)
+                theirs += [base + 'conv/W', base + 'bn/gamma',
+                           base + 'bn/beta']
+    arrays = cc.make_resnet_case('small', seed=0)
+    ours = {k for k in arrays if k not in ('x', 'gy')}
+    mapped = [cc.their_to_our_path(p) for p in theirs]
+    assert sorted(mapped) == sorted(ours)
+    assert cc.their_to_our_path('/link/res3/b1/conv2/conv') == 'res3/2/conv2'
+    assert len(cc.resnet_gemm_paths(arrays)) == 23
