@@ -12,8 +12,14 @@ from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.fit import top_binade_scale
 from ada_loss.loss_scale.gemm import (
-    bound_gain, check_bound, check_scale, gemm_loss_scale, loss_gradient_scale,
-    max_abs, round_down_pow2)
+    authors_caps, authors_raw_scale, authors_round_pow2, bound_gain,
+    check_bound, check_scale, gemm_loss_scale, loss_gradient_scale, max_abs,
+    round_down_pow2)
+
+#: how β is computed: ``'paper'`` (the paper's text, Algorithm 4 and
+#: §3.2.3; the default) or ``'authors'`` (the authors' final code,
+#: :func:`ada_loss.loss_scale.gemm.authors_loss_scale`; docs/authors.md)
+STYLES = ('paper', 'authors')
 
 
 class AdaLossScaled(object):
@@ -49,13 +55,25 @@ class AdaLossScaled(object):
             float32 arrays this still targets FP16's range, which makes the
             method testable bit for bit).
         bound (str): the overflow bound of each β (see
-            :mod:`ada_loss.loss_scale.gemm`): ``'output'`` (default, *not in
-            the paper*: bounds the GEMM's output gradient, so β·gx cannot
-            overflow), ``'product'`` (the paper's §3.2.3, bounds one
-            product), ``'fan_in'`` (the reference code's: the product bound
-            divided by the fan-in).
-        max_layer_scale (float): *not in the paper*: cap on each β.
-        max_accum_scale (float): *not in the paper*: cap on each α.
+            :mod:`ada_loss.loss_scale.gemm`): ``'output'`` (default of
+            ``style='paper'``, *not in the paper*: bounds the GEMM's output
+            gradient, so β·gx cannot overflow), ``'product'`` (the paper's
+            §3.2.3, bounds one product), ``'fan_in'`` (the authors' code's:
+            the product bound divided by their fan W.shape[0]·kh·kw; the
+            only bound of ``style='authors'``), ``'gauss'``.
+        style (str): ``'paper'`` (default): β as the paper's text
+            (Algorithm 4: the σ of one product w·g, u = the format's
+            smallest subnormal, 2^-24 in FP16). ``'authors'``: β exactly as
+            the authors' final code (kumasento/gradient-scaling,
+            ``get_loss_scale_by_approx_range``): σ·√(0.5·fan), u_min
+            6.0e-8, their fan bound (always on), their caps applied before
+            their power-of-two rounding, β recomputed every
+            ``update_interval`` passes from the statistics and re-capped
+            with the current α on every pass (docs/authors.md). CPU only.
+        max_layer_scale (float): *not in the paper*: cap on each β (the
+            authors' ``scale_upper_bound``; their CIFAR runs: 128).
+        max_accum_scale (float): *not in the paper*: cap on each α·β (the
+            authors' ``accum_upper_bound``; their CIFAR runs: 4096).
         guard (bool): *not in the paper* (default True): the overflow guard
             and the backoff after a skipped step. Where a gradient is
             rounded to the narrow format (entering each GEMM, the input
@@ -75,9 +93,18 @@ class AdaLossScaled(object):
     """
 
     def __init__(self, model, init_scale=1.0, t_uf=1e-3, update_interval=1,
-                 fmt='float16', bound='output',
+                 fmt='float16', bound=None,
                  max_layer_scale=None, max_accum_scale=None, guard=True,
-                 backoff_window=100, verbose=True):
+                 backoff_window=100, style='paper', verbose=True):
+        if style not in STYLES:
+            raise ValueError('unknown style {!r}; expected one of: {}'
+                             .format(style, ', '.join(STYLES)))
+        if bound is None:
+            bound = 'fan_in' if style == 'authors' else 'output'
+        if style == 'authors' and bound != 'fan_in':
+            raise ValueError(
+                "style='authors' has one overflow bound, the authors' "
+                "(bound=fan_in), always on; got bound={!r}".format(bound))
         #: how α_{N+1} is set from the loss gradient: None (a constant,
         #: the paper's), 'auto' (Eq. 1) or 'amax' (its peak in the top
         #: binade)
@@ -110,6 +137,7 @@ class AdaLossScaled(object):
         self.update_interval = int(update_interval)
         self.fmt = get_format(fmt)
         self.bound = check_bound(bound)
+        self.style = style
         self.max_layer_scale = max_layer_scale
         self.max_accum_scale = max_accum_scale
         self.guard = guard
@@ -169,12 +197,16 @@ class AdaLossScaled(object):
         k = self._backoff.get(key, 0)
         if k:
             beta = _backed_off(beta, k, alpha)
+        if self.style == 'authors':
+            return beta     # capped before their rounding (_layer_scale)
         return self._cap_accum(alpha, beta)
 
     def _layer_scale(self, func, key, W, g, alpha):
         """Algorithm 4, recomputed every ``update_interval`` passes."""
         recompute = ((self.iteration - 1) % self.update_interval == 0
                      or key not in self._betas)
+        if self.style == 'authors':
+            return self._authors_scale(key, W, g, alpha, recompute)
         if recompute:
             if is_device_scalar(alpha):
                 beta = self._gemm_scale_on_device(func, W, g)
@@ -185,6 +217,23 @@ class AdaLossScaled(object):
                                        max_scale=self.max_layer_scale)
             self._betas[key] = beta
         return self._betas[key]
+
+    def _authors_scale(self, key, W, g, alpha, recompute):
+        """``style='authors'``: as their ``AdaLoss.get_loss_scale``, the
+        uncapped β is what is kept between updates (their ``loss_scales``
+        list); the caps (with this pass's α) and their power-of-two
+        rounding are applied on every pass."""
+        if is_device_scalar(alpha) or not isinstance(g, numpy.ndarray):
+            raise NotImplementedError(
+                "style='authors' runs on the CPU only: its device path has "
+                'not been written and run on a GPU yet')
+        if recompute:
+            raw = authors_raw_scale(W, g, self.t_uf, self.fmt)
+            # a non-finite gradient (their code raises): β 1, as style=paper
+            self._betas[key] = 1.0 if raw is None else float(raw)
+        return authors_round_pow2(
+            authors_caps(self._betas[key], alpha, self.max_layer_scale,
+                         self.max_accum_scale, self.fmt), self.fmt)
 
     def _gemm_scale_on_device(self, func, W, g):
         """β as a 0-d device array (CuPy kernels, no synchronization)."""

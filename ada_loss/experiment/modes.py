@@ -39,10 +39,13 @@ LABELS = {'fp32': 'FP32', 'none': 'None', 'dynamic': 'Dynamic',
 
 
 def column_label(mode):
-    """The column name of a mode: ``Adaptive (paper)`` for ``adaptive``
+    """The column name of a mode: ``Adaptive (authors)`` for
+    ``adaptive:style=authors``, ``Adaptive (paper)`` for ``adaptive``
     without its overflow guard (Algorithms 3-4 as written), else the
     name's label (:data:`LABELS`)."""
     spec = parse_mode(mode)
+    if spec.name == 'adaptive' and spec.options.get('style') == 'authors':
+        return 'Adaptive (authors)'        # docs/authors.md
     if spec.name == 'adaptive' and spec.options.get('guard') is False:
         return 'Adaptive (paper)'
     return LABELS.get(spec.name, spec.name)

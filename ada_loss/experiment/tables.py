@@ -308,10 +308,10 @@ ROW_ORDER = ('float32', 'mixed16', 'bf16', 'fp8_e5m2', 'fp8_e4m3', 'fp8')
 
 #: the modes' columns in table order (their labels: modes.column_label)
 COLUMN_ORDER = ('FP32', 'None', 'Dynamic', 'Adaptive', 'Adaptive (paper)',
-                'Amax')
+                'Adaptive (authors)', 'Amax')
 
 COLUMNS = ('None', 'Fixed (best)', 'Fixed (worst)', 'Dynamic', 'Adaptive',
-           'Adaptive (paper)', 'Amax')
+           'Adaptive (paper)', 'Adaptive (authors)', 'Amax')
 
 
 def skipped_note(stats):

@@ -30,7 +30,7 @@ import math
 import cupy
 
 from ada_loss.formats import get_format
-from ada_loss.loss_scale.gemm import check_bound, erfinv
+from ada_loss.loss_scale.gemm import check_bound, erfinv, reference_fan
 
 _THREADS = 256
 _MAX_BLOCKS = 1024
@@ -507,7 +507,7 @@ def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', bound='product',
     x, suffix = _flat(g)
     ws = _workspace()
     psum, _, pmax = ws.scratch(_MAX_BLOCKS)
-    fan_in = float(W.size // W.shape[0]) if W.ndim else 1.0
+    fan_in = float(reference_fan(W))
     ws.kernels['grad_beta_' + suffix]((_blocks(n),), (_THREADS,), (
         x, cupy.int64(n), psum, pmax, ws.counter, w_stats, u_min, u_max,
         sqrt2, erf, code, fan_in, cap, out))

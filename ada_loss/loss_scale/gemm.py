@@ -23,8 +23,14 @@ The overflow bound (``bound``):
   and upper = u_max / (max|g| · max_j Σ_i |W_ij|) guarantees that β·gx cannot
   overflow (deterministically; the sum runs over the axes the backward
   contracts, given by the GEMM node as ``gain``, see :func:`grad_input_gain`).
-* ``'fan_in'`` — the reference code's: the product bound divided by the
-  forward fan-in.
+* ``'fan_in'`` — the authors' code's (kumasento/gradient-scaling,
+  ``ada_loss_chainer.py: get_loss_scale_by_approx_range`` with
+  ``bound_by_fan_in``): the product bound divided by their "fan-in"
+  ``get_fan_in(W)`` = W.shape[0]·kh·kw (:func:`reference_fan`), the number
+  of products each entry of the *input gradient* sums (Linear: out;
+  Convolution2D: out·kh·kw), so upper = u_max / (fan · max|W| · max|g|).
+  (Before issue 37 this option divided by W.size // W.shape[0], the
+  *forward* fan-in in·kh·kw, which is no source's bound.)
 * ``'gauss'`` — *not in the paper* (issue 19): the paper's own Gaussian
   model (§3.2.1) applied to the GEMM's output instead of one product. With
   the entries of g modelled as independent with E[g²] = σ_g² + μ_g², the
@@ -185,6 +191,19 @@ def loss_gradient_scale(second, peak, t_uf=1e-3, fmt='float16'):
     return round_down_pow2(min(max(lower, 1.0), f.u_max / peak))
 
 
+def reference_fan(W):
+    """The authors' "fan-in" of a GEMM's weights W: ``W.shape[0]`` times the
+    kernel extent (``ada_loss_chainer.py: AdaLossChainer.get_fan_in``:
+    ``W.shape[0]`` for a 2-D W, ``W.shape[0]·W.shape[2]·W.shape[3]`` for a
+    4-D one). For Linear (out, in) and Convolution2D (out, in, kh, kw) with
+    one group it is the number of products each input-gradient entry sums;
+    for a grouped convolution or a Deconvolution2D (in, out, kh, kw) it is
+    still W.shape[0]·kh·kw, as theirs. Returns an int (1 for a 0-d W)."""
+    if W.ndim == 0:
+        return 1
+    return int(W.shape[0]) * int(numpy.prod(W.shape[2:], dtype=numpy.int64))
+
+
 def grad_input_gain(W, axes):
     """max_j Σ_i |W_ij|: the largest factor by which the backward GEMM can
     grow max|g| (the ∞-norm of the map g ↦ gx), with ``axes`` the axes of W
@@ -233,7 +252,7 @@ def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16', bound='product',
     Args:
         bound: ``'product'`` (the paper), ``'output'`` (needs ``gain``, see
             :func:`grad_input_gain`), ``'fan_in'`` (the product bound
-            divided by W.size // W.shape[0]) or ``'gauss'`` (needs ``gain =
+            divided by :func:`reference_fan`) or ``'gauss'`` (needs ``gain =
             (grad_input_gain, grad_input_gain_l2)``, see :func:`bound_gain`).
 
     Returns ``lower = None`` when σ_p = 0 (W or g all zero) and
@@ -264,7 +283,7 @@ def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16', bound='product',
     else:
         peak = w_max * g_max
         if bound == 'fan_in':
-            peak *= W.size // W.shape[0]
+            peak *= reference_fan(W)
     upper = f.u_max / peak if peak > 0 else None
     return lower, upper
 
@@ -300,3 +319,161 @@ def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', bound='product',
     if max_scale is not None:
         beta = min(beta, max_scale)
     return round_down_pow2(beta)
+
+
+# -- style='authors': β as the authors' final code computes it --------------
+#
+# kumasento/gradient-scaling (Chainer 7, January 2020),
+# ada_loss/chainer_impl/ada_loss_chainer.py: get_loss_scale_by_approx_range,
+# get_mean_and_std(_of_product), bound_loss_scale_by_heuristics, and
+# ada_loss/core.py: AdaLoss.get_range / get_power_of_two_scale. Every
+# operation below is the NumPy operation of theirs on the same NumPy scalar
+# types (float32 statistics, their float64 / float32 mixes), so that the
+# result is theirs bit for bit under whichever NumPy runs both.
+
+#: their u_min for float16 (``AdaLoss.get_u_min``); the paper says 2^-24
+AUTHORS_U_MIN_FLOAT16 = 6.0e-8
+
+
+def authors_range(fmt='float16'):
+    """(u_min, u_max) as NumPy float32 scalars, their ``AdaLoss.range``:
+    (6.0e-8, 65504) for float16. Their code knows float16 and float32 only;
+    for any other format (FP8, ...) this uses that format's smallest
+    subnormal and largest value (*an extension, not theirs*)."""
+    f = get_format(fmt)
+    u_min = AUTHORS_U_MIN_FLOAT16 if f.name == 'float16' else f.u_min
+    r = numpy.array([u_min, f.u_max], dtype=numpy.float32)
+    return r[0], r[1]
+
+
+def _authors_mean_std(a):
+    # their get_mean_and_std: the array cast to float32, then NumPy's own
+    # float32 mean and std (population std, ddof 0)
+    xp = _xp(a)
+    a = a.astype(numpy.float32, copy=False)
+    mu, sigma = a.mean(), a.std()
+    if xp is not numpy:
+        mu, sigma = numpy.float32(float(mu)), numpy.float32(float(sigma))
+    return mu, sigma
+
+
+def _authors_min_max(a):
+    lo, hi = a.min().astype(numpy.float32), a.max().astype(numpy.float32)
+    if _xp(a) is not numpy:
+        lo, hi = numpy.float32(float(lo)), numpy.float32(float(hi))
+    return lo, hi
+
+
+def authors_raw_scale(W, g, t_uf=1e-3, fmt='float16'):
+    """β before their caps and rounding: ``get_loss_scale_by_approx_range``
+    (their default ``bound_by_fan_in=True``).
+
+    With fan = :func:`reference_fan` (W), as theirs:
+
+        σ_o  = √((σ_g² + μ_g²)(σ_W² + μ_W²)) · √(0.5 · fan)
+                 (the product's σ times √(fan/2): "assuming the existence
+                  of ReLU", the σ of an input-gradient entry, a sum of fan
+                  products of which half are zero; the paper's text and
+                  our ``style=paper`` use the product's σ alone)
+        lower = max(u_min / (√2 · erfinv(T_uf) · σ_o), 1)
+        upper = (u_max / fan) / (max|g| · max|W|)
+        β_raw = min(lower, upper)          (may be < 1)
+
+    Returns a NumPy float32 scalar; 1 when W or g is empty or σ = 0; None
+    when the statistics are not finite (a non-finite gradient: their code
+    raises there, in ``check_scale``).
+    """
+    if not 0 < t_uf < 1:
+        raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
+    one = numpy.array(1.0, dtype=numpy.float32)
+    if not (g.size and W.size):
+        return one
+    u_min, u_max = authors_range(fmt)
+    # get_mean_and_std_of_product(g, W): X = g, Y = W (an Inf in g or W
+    # gives NaN statistics, quietly: None below)
+    with numpy.errstate(invalid='ignore', over='ignore'):
+        g_mu, g_sigma = _authors_mean_std(g)
+        w_mu, w_sigma = _authors_mean_std(W)
+        o_var = (g_sigma ** 2 + g_mu ** 2) * (w_sigma ** 2 + w_mu ** 2)
+        o_sigma = numpy.sqrt(o_var).astype(numpy.float32)
+    if not numpy.isfinite(o_sigma):
+        return None
+    if o_sigma == 0:
+        return one
+    g_min, g_max = _authors_min_max(g)
+    W_min, W_max = _authors_min_max(W)
+    fan = float(numpy.array(reference_fan(W), dtype=numpy.float32).item())
+    u_max = u_max / fan
+    o_max = numpy.abs(numpy.array([g_max * W_max, g_min * W_min,
+                                   g_max * W_min, g_min * W_max])).max()
+    o_sigma = o_sigma * numpy.sqrt(0.5 * fan)
+    n_uf_threshold = erfinv(t_uf) * numpy.sqrt(2)
+    loss_scale = u_min / (n_uf_threshold * o_sigma)
+    loss_scale = numpy.maximum(loss_scale, one)
+    if not (numpy.isfinite(loss_scale) and numpy.isfinite(o_max)):
+        return None
+    upper_scale = u_max / o_max
+    return numpy.minimum(loss_scale, upper_scale).astype(numpy.float32)
+
+
+def _authors_cap(cap, fmt):
+    # their AdaLoss stores both caps in the scale dtype (float16 when
+    # training in float16: a cap above 65504 is infinite there, i.e. off)
+    if get_format(fmt).name == 'float16':
+        with numpy.errstate(over='ignore'):
+            cap = numpy.float16(cap)
+    return numpy.array(cap, dtype=numpy.float32)
+
+
+def authors_caps(scale, alpha=1.0, max_layer_scale=None,
+                 max_accum_scale=None, fmt='float16'):
+    """Their ``bound_loss_scale_by_heuristics``: β ≤ max_accum_scale / α
+    (α the scale the gradient arrived with) and β ≤ max_layer_scale, in
+    their types (the caps stored in float16 for float16 training); a cap
+    that is None is not applied (their code always applies both, by
+    default 1024 and 16)."""
+    scale = numpy.asarray(scale, dtype=numpy.float32)
+    if max_accum_scale is not None:
+        accum = _authors_cap(max_accum_scale, fmt) \
+            / numpy.array(float(alpha))
+        scale = numpy.minimum(accum, scale)
+    if max_layer_scale is not None:
+        scale = numpy.minimum(_authors_cap(max_layer_scale, fmt), scale)
+    return scale.astype(numpy.float32)
+
+
+def authors_round_pow2(scale, fmt='float16'):
+    """Their ``get_power_of_two_scale``: 2^floor(log2 β) with log2 in
+    float32, then cast to the scale dtype (float16 when training in float16).
+
+    Unlike :func:`round_down_pow2` it rounds *up* a β within float32's
+    log2 resolution below a power of two (log2 in float32 rounds to the
+    integer), as theirs. A float16 β ≥ 2^16 is infinite in theirs (their
+    code then stops on an assertion); here it is held at 2^15. Returns a
+    Python float.
+    """
+    scale = numpy.asarray(scale, dtype=numpy.float32)
+    pot = numpy.power(2, numpy.floor(numpy.log2(scale)))
+    if get_format(fmt).name == 'float16':
+        with numpy.errstate(over='ignore'):
+            pot = pot.astype(numpy.float16)
+        if not numpy.isfinite(pot):
+            return 2.0 ** 15
+    return float(pot)
+
+
+def authors_loss_scale(W, g, t_uf=1e-3, fmt='float16', alpha=1.0,
+                       max_layer_scale=None, max_accum_scale=None):
+    """β of one GEMM as the authors' final code computes it
+    (``AdaLoss.get_loss_scale`` with ``loss_scale_method='approx_range'``):
+    :func:`authors_raw_scale`, then :func:`authors_caps` (α the incoming
+    gradient's scale), then :func:`authors_round_pow2`.
+
+    Returns a Python float, a power of two (possibly < 1: their accumulated
+    cap or overflow bound can ask for it). 1 for non-finite statistics
+    (theirs raises; the step is skipped here anyway)."""
+    raw = authors_raw_scale(W, g, t_uf, fmt)
+    if raw is None:
+        return 1.0
+    return authors_round_pow2(
+        authors_caps(raw, alpha, max_layer_scale, max_accum_scale, fmt), fmt)

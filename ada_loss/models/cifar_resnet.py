@@ -18,6 +18,17 @@ Shortcuts:
   Table 6 of the paper).
 * ``'B'``: a 1x1 convolution (stride 2) + batch normalization projection
   where the shape changes, identity elsewhere (+2,752 parameters at width 16).
+* ``'authors'``: the authors' CIFAR ResNet (kumasento/gradient-scaling,
+  ``chainerlp/links/models/resnet.py: ResNetCIFAR``, the model of their
+  ``examples/adaptive_loss_scaling/cifar`` runs), not He et al.'s: the
+  first block of *every* stage (``res2`` too, 16 -> 16 at stride 1) has a
+  1x1 convolution + BN projection shortcut (``residual_conv=True``), the
+  block subsamples in its *second* 3x3 convolution (their ``BasicBlock``:
+  ``conv1`` stride 1, ``conv2`` stride 2), and every convolution and the
+  classifier are initialized HeNormal(scale 1, ``fan_option='fan_out'``)
+  (the classifier's bias 0). 272,762 / 856,058 / 1,731,002 parameters for
+  ResNet-20/56/110 with 10 classes. Their global pooling is an 8x8 average
+  pooling, the same as the global average here at 32x32 inputs.
 
 Layer paths read like ``conv1``, ``bn1``, ``res2/0/conv1``, ``res3/0/bn2``,
 ``res3/0/shortcut_conv``, ``fc``. The residual sum is ``h + x`` and the
@@ -33,11 +44,22 @@ from ada_loss import functions as AF
 from ada_loss import links as AL
 from ada_loss.models.common import global_average_pooling_2d, he_normal
 
+SHORTCUTS = ('A', 'B', 'authors')
 
-def conv3x3(in_channels, out_channels, stride=1):
-    """3x3 convolution without bias, padding 1, He-normal initialization."""
+
+def _initializer(shortcut):
+    # the authors' ResNetCIFAR.get_initialW: HeNormal(1.0, fan_out)
+    if shortcut == 'authors':
+        return chainer.initializers.HeNormal(scale=1.0, fan_option='fan_out')
+    return he_normal()
+
+
+def conv3x3(in_channels, out_channels, stride=1, initialW=None):
+    """3x3 convolution without bias, padding 1, He-normal initialization
+    (fan-in) unless ``initialW`` is given."""
     return AL.Convolution2D(in_channels, out_channels, 3, stride=stride,
-                            pad=1, nobias=True, initialW=he_normal())
+                            pad=1, nobias=True,
+                            initialW=initialW or he_normal())
 
 
 class BasicBlock(chainer.Chain):
@@ -46,29 +68,40 @@ class BasicBlock(chainer.Chain):
     Args:
         in_channels (int): input channels.
         out_channels (int): output channels.
-        stride (int): stride of ``conv1`` (and of the shortcut).
+        stride (int): stride of ``conv1`` (``conv2`` with ``'authors'``)
+            and of the shortcut.
         shortcut (str): ``'A'`` (zero-padded identity) or ``'B'`` (1x1
-            convolution + BN projection), used only where the shape changes.
+            convolution + BN projection), used only where the shape changes;
+            ``'authors'``: the authors' block (module docstring).
+        project (bool): ``'authors'`` only: a projection shortcut (their
+            first block of each stage) or the identity.
     """
 
-    def __init__(self, in_channels, out_channels, stride=1, shortcut='A'):
+    def __init__(self, in_channels, out_channels, stride=1, shortcut='A',
+                 project=False):
         super(BasicBlock, self).__init__()
-        if shortcut not in ('A', 'B'):
-            raise ValueError('shortcut must be "A" or "B", not {!r}'.format(
-                shortcut))
+        if shortcut not in SHORTCUTS:
+            raise ValueError('shortcut must be one of {}, not {!r}'.format(
+                ', '.join(SHORTCUTS), shortcut))
         self.stride = stride
         self.pad_channels = out_channels - in_channels
-        self.projection = (shortcut == 'B' and
-                           (stride != 1 or in_channels != out_channels))
+        changes = stride != 1 or in_channels != out_channels
+        if shortcut == 'authors':
+            self.projection = project
+        else:
+            self.projection = shortcut == 'B' and changes
+        init = _initializer(shortcut)
+        # theirs subsamples in the second convolution
+        s1, s2 = (1, stride) if shortcut == 'authors' else (stride, 1)
         with self.init_scope():
-            self.conv1 = conv3x3(in_channels, out_channels, stride)
+            self.conv1 = conv3x3(in_channels, out_channels, s1, init)
             self.bn1 = L.BatchNormalization(out_channels)
-            self.conv2 = conv3x3(out_channels, out_channels)
+            self.conv2 = conv3x3(out_channels, out_channels, s2, init)
             self.bn2 = L.BatchNormalization(out_channels)
             if self.projection:
                 self.shortcut_conv = AL.Convolution2D(
                     in_channels, out_channels, 1, stride=stride, nobias=True,
-                    initialW=he_normal())
+                    initialW=init)
                 self.shortcut_bn = L.BatchNormalization(out_channels)
 
     def shortcut(self, x):
@@ -93,7 +126,8 @@ class CifarResNet(chainer.Chain):
     Args:
         depth (int): 20, 32, 44, 56, 110, ... (``(depth - 2) % 6 == 0``).
         num_classes (int): output size of ``fc``.
-        shortcut (str): ``'A'`` (default, as in the paper) or ``'B'``.
+        shortcut (str): ``'A'`` (default, as in the paper), ``'B'``, or
+            ``'authors'`` (the authors' CIFAR ResNet, module docstring).
         in_channels (int): channels of the input images (3 for CIFAR; e.g. 1
             for a reduced model on grey-scale digits).
         width (int): filters of the first stage (16 in the paper); the stages
@@ -113,8 +147,12 @@ class CifarResNet(chainer.Chain):
         n = (depth - 2) // 6
         self.depth = depth
         self.shortcut = shortcut
+        if shortcut not in SHORTCUTS:
+            raise ValueError('shortcut must be one of {}, not {!r}'.format(
+                ', '.join(SHORTCUTS), shortcut))
+        init = _initializer(shortcut)
         with self.init_scope():
-            self.conv1 = conv3x3(in_channels, width)
+            self.conv1 = conv3x3(in_channels, width, initialW=init)
             self.bn1 = L.BatchNormalization(width)
             channels = width
             for i, stage in enumerate(('res2', 'res3', 'res4')):
@@ -123,10 +161,12 @@ class CifarResNet(chainer.Chain):
                 for j in range(n):
                     stride = 2 if (i > 0 and j == 0) else 1
                     blocks.append(BasicBlock(channels, out_channels, stride,
-                                             shortcut))
+                                             shortcut, project=j == 0))
                     channels = out_channels
                 setattr(self, stage, blocks)
-            self.fc = AL.Linear(channels, num_classes)
+            # theirs: fc6 = L.Linear(64, n_class, initialW=HeNormal(fan_out))
+            self.fc = AL.Linear(channels, num_classes, initialW=(
+                init if shortcut == 'authors' else None))
 
     def forward(self, x):
         h = AF.relu(self.bn1(self.conv1(x)))
@@ -143,7 +183,8 @@ def cifar_resnet_num_params(depth, num_classes=10, shortcut='A',
     With n = (depth - 2) / 6, w = width, c = in_channels, k = num_classes:
     stem ``9cw + 2w``; per block with C_in -> C_out ``9 C_in C_out +
     9 C_out^2 + 4 C_out``; option B adds ``C_in C_out + 2 C_out`` to the two
-    subsampling blocks; fc ``4wk + k``.
+    subsampling blocks, ``'authors'`` to the first block of each of the three
+    stages; fc ``4wk + k``.
     """
     n = (depth - 2) // 6
     w = width
@@ -151,9 +192,10 @@ def cifar_resnet_num_params(depth, num_classes=10, shortcut='A',
     channels = w
     for i in range(3):
         out = w * 2 ** i
-        for _ in range(n):
+        for j in range(n):
             total += 9 * channels * out + 9 * out * out + 4 * out
-            if shortcut == 'B' and channels != out:
+            if (shortcut == 'B' and channels != out) or \
+                    (shortcut == 'authors' and j == 0):
                 total += channels * out + 2 * out
             channels = out
     return total

@@ -158,13 +158,14 @@ class AdaptiveScaling(LossScaling):
     _impl = 'AdaLossScaled'
 
     def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
-                 fmt=None, bound='output', max_layer_scale=None,
-                 max_accum_scale=None, guard=True, backoff_window=100):
+                 fmt=None, bound=None, max_layer_scale=None,
+                 max_accum_scale=None, guard=True, backoff_window=100,
+                 style='paper'):
         self._init(dict(
             init_scale=init_scale, t_uf=t_uf, update_interval=update_interval,
             fmt=fmt, bound=bound, max_layer_scale=max_layer_scale,
             max_accum_scale=max_accum_scale, guard=guard,
-            backoff_window=backoff_window))
+            backoff_window=backoff_window, style=style))
 
     def _init(self, options):
         self.options = options
@@ -172,7 +173,10 @@ class AdaptiveScaling(LossScaling):
         if options.get('fmt') is not None:
             self.fmt = get_format(options['fmt'])
         # Validate now, before any model exists (bad input stops early).
-        self._build(chainer.Chain(), verbose=False)
+        built = self._build(chainer.Chain(), verbose=False)
+        if 'bound' in options:
+            # the bound the style resolved None to (the probe reads it)
+            options['bound'] = built.bound
 
     def _build(self, model, verbose):
         options = dict(self.options, fmt=self.fmt)

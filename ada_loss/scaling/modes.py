@@ -109,6 +109,12 @@ def _canonical_options(name, options):
             options['style'] = style
             for k, v in style_defaults(style).items():
                 defaults[k].append(v)
+    if name == 'adaptive':
+        # the overflow bound's default follows the style: the paper's text
+        # takes this project's 'output', the authors' code its 'fan_in'
+        style = options.get('style') or 'paper'
+        defaults.setdefault('bound', []).append(
+            'fan_in' if style == 'authors' else 'output')
     return {k: v for k, v in options.items()
             if not any(_same(v, d) for d in defaults.get(k, ()))}
 

@@ -274,3 +274,20 @@ def test_gradient_accumulation_over_two_backward_passes_bit_exact():
         opt.update()
     assert dict(ada.loss_scales()) != first   # the two passes' α differ
     assert_params_bit_equal(plain, model)
+
+
+@pytest.mark.parametrize('caps', [{}, {'max_layer_scale': 128,
+                                      'max_accum_scale': 4096}])
+def test_style_authors_bit_exact(caps):
+    """style='authors' (issue 37): powers of two too, so float32 training
+    is plain backprop bit for bit, with and without the authors' caps."""
+    rng = np.random.RandomState(2)
+    batches = [(rng.randn(4, 3, 6, 6).astype(np.float32),
+                rng.randint(0, 5, 4).astype(np.int32)) for _ in range(2)]
+    _, _, ada, records = _run_both(ResBlockNet, batches, _mlp_loss, seed=2,
+                                   style='authors', **caps)
+    for alphas, betas in records:
+        assert max(betas.values()) > 1
+        if caps:
+            assert max(betas.values()) <= 128
+            assert all(alphas[k] * betas[k] <= 4096 for k in alphas)

@@ -149,3 +149,21 @@ def test_recipe_comparison_and_robustness():
         .format(gl) in robust
     assert '| fp8_e4m3:recipe=current | none | 66.00 ± 0.00 (n=4) | ' \
         '0/4 (0–49 %) |' in robust
+
+
+def test_authors_style_has_its_own_column():
+    """adaptive:style=authors (issue 37) is not merged into 'Adaptive'."""
+    mode = str(parse_mode('adaptive:style=authors,update_interval=1000'))
+    runs = dict(RUNS)
+    runs[('fp8_e4m3', 'resnet110', mode)] = [
+        _run(0, 0.20), _run(1, 0.30), _run(2, 0.40)]
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(models=['resnet110'],
+                                   precisions=['fp8_e4m3']),
+        study=types.SimpleNamespace(fp32=False))
+    table = depth.table1(cfg, runs)
+    header, _, row = [[c.strip() for c in line.strip('|').split('|')]
+                      for line in table.splitlines()[:3]]
+    assert row[header.index('fp8_e4m3 Adaptive (authors)')] == \
+        '30.00 ± 10.00 (n=3)'
+    assert row[header.index('fp8_e4m3 Adaptive')] == '53.67 ± 3.21 (n=3)'

@@ -257,3 +257,20 @@ def test_import_submodules_prints_no_warnings():
         capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ''
+
+
+def test_adaptive_style_default_is_omitted():
+    """style=paper is the default: the same mode, the same canonical text;
+    style=authors resolves its bound to the authors' (fan_in)."""
+    assert parse_mode('adaptive:style=paper') == parse_mode('adaptive')
+    assert str(parse_mode('adaptive:style=paper,t_uf=0.01')) == \
+        'adaptive:t_uf=0.01'
+    assert str(parse_mode('adaptive:style=authors')) == \
+        'adaptive:style=authors'
+    m = make_loss_scaling('adaptive:style=authors,max_layer_scale=128')
+    assert m.options['bound'] == 'fan_in' and m.options['style'] == 'authors'
+    assert make_loss_scaling('adaptive').options['bound'] == 'output'
+    with pytest.raises(ValueError, match='fan_in'):
+        make_loss_scaling('adaptive:style=authors,bound=product')
+    with pytest.raises(ValueError, match='style'):
+        make_loss_scaling('adaptive:style=mine')

@@ -72,8 +72,10 @@ class Model:
                                    'ResNets)', minimum=1)
     in_channels: Optional[int] = setting(None, 'input channels (null: from '
                                          'the dataset)', minimum=1)
-    shortcut: Optional[Literal['A', 'B']] = setting(
-        None, 'CIFAR ResNet shortcut option (null: A)')
+    shortcut: Optional[Literal['A', 'B', 'authors']] = setting(
+        None, "CIFAR ResNet shortcut option (null: A); authors: the "
+        "authors' CIFAR ResNet (projection shortcut in each stage's first "
+        'block, HeNormal fan_out; ada_loss/models/cifar_resnet.py)')
 
 
 @dataclasses.dataclass

@@ -51,7 +51,7 @@ from ada_loss.scaling import parse_mode
 matplotlib.use('Agg')
 
 COLUMNS = ('None', 'Fixed (best)', 'Fixed (held-out)', 'Dynamic',
-           'Adaptive (paper)', 'Adaptive', 'Amax')
+           'Adaptive (paper)', 'Adaptive', 'Adaptive (authors)', 'Amax')
 #: the FP32 runs' mode and precision
 FP32, FLOAT32 = parse_mode('fp32'), parse_precision('float32')
 
