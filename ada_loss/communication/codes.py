@@ -109,6 +109,18 @@ def scratch(k=0):
 
 
 _SCRATCH = []
+
+
+def work():
+    """The process's ``float32`` work array of :func:`block_size` values
+    (a block's shifted values)."""
+    n = block_size()
+    if not _WORK_F32 or _WORK_F32[0].size != n:
+        _WORK_F32[:] = [numpy.empty(n, _F32)]
+    return _WORK_F32[0]
+
+
+_WORK_F32 = []
 KINDS = ('nibble', 'byte', 'half', 'float32')
 
 
@@ -219,8 +231,8 @@ class WireCodec(object):
         seg = numpy.array([0, y.size] if shift else [], numpy.int64)
         kernels.encode(y, 0, y.size, seg[:1], seg[1:],
                        numpy.full(seg.size // 2, 2.0 ** shift),
-                       self.tables().keyed, False, block_size(), scratch(),
-                       out)
+                       self.tables().prm, self.tables().sub_scale, False,
+                       block_size(), scratch(), work(), out)
         return out
 
     def pack(self, codes, out=None):
@@ -303,6 +315,34 @@ class WireCodec(object):
         return out
 
 
+def _encoder_parameters(codec):
+    """``(prm, sub_scale)`` of :func:`~.kernels._code` for a format of at
+    most 8 bits: the rounding position, the exponent rebias, the smallest
+    normal's bits, the sign bit, the largest finite code magnitude, and
+    the codes ``quantize`` gives to overflow, ±Inf and NaN (taken from
+    ``quantize`` and the encode table, so that every policy — Inf, NaN,
+    saturation — is the format's own)."""
+    fmt = codec.format
+    m, e = fmt.man_bits, fmt.exp_bits
+    bias = 1 - fmt.emin
+    enc, shift = codec.encode_table, _U32(codec.shift)
+
+    def code(bits):
+        v = numpy.array([bits], _U32).view(_F32)
+        with numpy.errstate(over='ignore', invalid='ignore'):
+            return int(enc[fmt.quantize(v).view(_U32) >> shift][0])
+
+    top = numpy.array([fmt.u_max], _F32).view(_U32)[0]
+    maxfin = code(int(top)) & ((1 << (e + m)) - 1)
+    prm = numpy.array([
+        23 - m, (127 - bias) << m, (127 + fmt.emin) << 23, e + m, maxfin,
+        code(0x7F7FFFFF), code(0xFF7FFFFF),       # overflow
+        code(0x7F800000), code(0xFF800000),       # ±Inf
+        code(0x7FC00000), code(0xFFC00000)],      # NaN
+        numpy.int64)
+    return prm, float(2.0 ** (m - fmt.emin))
+
+
 class _FastTables(object):
     """The tables of a format of at most 8 bits (module docstring):
 
@@ -342,6 +382,7 @@ class _FastTables(object):
                                                   numpy.uint8))
         self.add, self.sub = tables
         self.values = values
+        self.prm, self.sub_scale = _encoder_parameters(codec)
 
 
 _CODECS = {}

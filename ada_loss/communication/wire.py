@@ -133,9 +133,11 @@ class _CodePart(object):
         if self.codes is not None:
             out[...] = self.codec.pack(self.codes[a:b])
             return out
+        t = self.tables
         kernels.encode(self.x, a, b, self.seg_lo, self.seg_hi,
-                       self.seg_scale, self.tables.keyed, self.nibble,
-                       _codes.block_size(), _codes.scratch(0), out)
+                       self.seg_scale, t.prm, t.sub_scale, self.nibble,
+                       _codes.block_size(), _codes.scratch(0), _codes.work(),
+                       out)
         return out
 
     def hop(self, a, b, s, c):
@@ -149,10 +151,10 @@ class _CodePart(object):
                 a, b), t.add, t.sub, self.kahan)
         else:
             kernels.hop(s, c if self.kahan else _EMPTY, self.x, a, b,
-                        self.seg_lo, self.seg_hi, self.seg_scale, t.keyed,
-                        t.add, t.sub, self.nibble, self.kahan,
+                        self.seg_lo, self.seg_hi, self.seg_scale, t.prm,
+                        t.sub_scale, t.add, t.sub, self.nibble, self.kahan,
                         _codes.block_size(), _codes.scratch(0),
-                        _codes.scratch(1))
+                        _codes.work(), _codes.scratch(1))
         self.state = (s, c)
 
     def state_wire(self, with_c):
