@@ -218,6 +218,17 @@ def measure_bytes(comm, p):
                                  'elements': plan.size,
                                  'lp_layers': 1 if fp32 else 2,
                                  'counts': dict(comm.counts)})
+    # the cost model's formats beyond 8/4 bits: a 6-bit format (one byte
+    # per code) and FP32 with APS (one exponent byte per layer), no Kahan
+    for fmt in ('fp6_e3m2', 'float32'):
+        comm.counts.clear()
+        plan = StepReduction(CommPolicy(fmt), names, sizes, p)
+        wire_mean(comm, plan, (rng.standard_normal(plan.size) / 64).astype(
+            numpy.float32))
+        rows.append({'fmt': fmt, 'bits': format_bits(fmt), 'aps': True,
+                     'kahan': False, 'fp32_elements': 0,
+                     'elements': plan.size, 'lp_layers': 2,
+                     'counts': dict(comm.counts)})
     # hierarchical, groups of 2 (of P when P is odd): every rank's counts
     k = 2 if p % 2 == 0 else p
     groups = split_groups(comm, k)

@@ -219,6 +219,12 @@ def test_cost_model():
     assert message_bytes([100, 10], 'e3m0', aps=False) == (0, 55)
     assert message_bytes([100, 10], 'e4m3', fp32_mask=[False, True]) == \
         (1, 140)
+    # what the wire sends: a 6-bit code takes a byte (not 6/8), FP32 with
+    # APS sends its exponent bytes (the MPI counts: test_wire.py)
+    assert message_bytes([1000], 'fp6_e3m2') == (1, 1000)
+    assert message_bytes([1000], 'fp6_e2m3', aps=False) == (0, 1000)
+    assert message_bytes([1000, 3], 'float32') == (2, 4012)
+    assert message_bytes([1000], 'bfloat16', aps=False) == (0, 2000)
 
 
 def test_break_even_bandwidth():

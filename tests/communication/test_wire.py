@@ -277,7 +277,7 @@ def test_wire_bytes(wire):
     exponent byte per low-precision layer (APS), or one NaN flag byte
     (4-bit e3m0 has no NaN code) without APS."""
     p = wire['ranks']
-    assert len(wire['bytes']) == 17
+    assert len(wire['bytes']) == 19
     for row in wire['bytes'][:16]:
         b = row['bits'] / 8.0
         lp = row['elements'] - row['fp32_elements']
@@ -292,13 +292,39 @@ def test_wire_bytes(wire):
             row['lp_layers'] if row['aps'] else flag), row
 
 
+def test_cost_model_counts_what_the_wire_sends(wire):
+    """``cost.message_bytes`` against the counters of every ring row
+    (8-bit, 4-bit, 6-bit — one byte per code, not 6/8 —, FP32 with APS —
+    one exponent byte per layer —, FP32 layers, with and without APS):
+    the reduce-scatter sends (P − 1)/P of the payload (plus Kahan's
+    compensation), the exponent all-reduce the exponent bytes (the NaN
+    flag byte of a format without a NaN code is not in the model)."""
+    from ada_loss.communication.cost import message_bytes
+    p = wire['ranks']
+    rows = wire['bytes'][:18]
+    assert {r['fmt'] for r in rows} == {'fp8_e4m3', 'e3m0', 'fp6_e3m2',
+                                        'float32'}
+    for row in rows:
+        lp, f32 = row['elements'] - row['fp32_elements'], row['fp32_elements']
+        sizes = [lp, f32] if f32 else [lp // 2, lp // 2]
+        mask = [False, True] if f32 else None
+        exps, payload = message_bytes(sizes, row['fmt'], row['aps'], mask)
+        assert exps == (row['lp_layers'] if row['aps'] else 0), row
+        counts = row['counts']
+        kahan = (p - 2.0) / p * (payload - f32 * 4) if row['kahan'] else 0
+        assert counts['Sendrecv'] == (p - 1.0) / p * payload + kahan, row
+        assert counts['Allgatherv'] == (p - 1.0) / p * payload, row
+        if row['aps']:
+            assert counts['Allreduce'] == exps, row
+
+
 def test_wire_bytes_hierarchical(wire):
     """Hierarchical, 8-bit, groups of k (2, or P when P is odd): a member
     sends its n codes to its leader; a leader sends 2(G−1)/G·n in the ring
     among the G = P/k leaders and n in the broadcast to its group; every
     rank one exponent byte per layer."""
     p = wire['ranks']
-    row = wire['bytes'][16]
+    row = wire['bytes'][18]
     k, n = row['group_size'], row['elements']
     g = p // k
     assert len(row['counts_per_rank']) == p
