@@ -11,10 +11,10 @@ One step, for the gradients of ``p`` workers packed into flat FP32 buffers
    cast to the format (lines 5–7): the *payload*;
 4. the sum of the payloads accumulated in the format in the stated order
    (line 8; :mod:`~ada_loss.communication.summation`), cast back to FP32
-   (line 10, exact), × 1/p in FP32, unshift (line 11, exact): the mean, as
-   ChainerMN's ``allreduce_grad`` (which averages) returns. (× 1/p before
-   the unshift is the same number barring under/overflow, and cannot
-   overflow where the FP32 sum of gradients near FP32's maximum would.)
+   (line 10, exact), × 1/p and unshift (line 11) rounded once to float32
+   (exact in float64; rounding twice would differ where the mean is a
+   float32 subnormal): the mean, as ChainerMN's ``allreduce_grad`` (which
+   averages) returns.
 
 Layers kept in FP32 (policy) skip 1–3 and are summed in FP32 in the same
 order. Without APS (``aps=False``) step 3 is a plain cast, steps 1–2 vanish.
@@ -169,16 +169,23 @@ class StepReduction(object):
 
     def finish(self, total, shift, nonfinite=None):
         """The mean from the sum ``total`` (float32, modified in place):
-        × 1/p, unshift, layers reported non-finite → NaN. The wire mode
-        (:mod:`~ada_loss.communication.wire`) ends with this too."""
-        p = self.n_workers
-        # × 1/p before the unshift: the shifted sum is ≤ 2^upper_exp, so
-        # this cannot overflow even where the FP32 *sum* would (gradients
-        # near FP32's max); with no under/overflow it is the same number as
-        # unshifting first (powers of two commute with rounding)
-        total *= _F32(1.0 / p)
+        × 1/p and the unshift in one rounding, layers reported
+        non-finite → NaN. The wire mode
+        (:mod:`~ada_loss.communication.wire`) computes the same.
+
+        ``sum · fl32(1/p) · 2^−shift`` is exact in float64 (24 × 24
+        significand bits, a power of two) and rounded once to float32:
+        rounding after × 1/p and again after the unshift would round
+        twice where the mean is a float32 subnormal (and p is not a power
+        of two). Nothing can overflow on the way, even where the FP32
+        *sum* of gradients near FP32's maximum would."""
+        inv_p = _F32(1.0 / self.n_workers)
         if self.uses_exponents:
-            total = scale_pow2(total, -shift)
+            factor = numpy.float64(inv_p) * numpy.ldexp(
+                1.0, -numpy.asarray(shift, numpy.int32))
+            total = (total.astype(numpy.float64) * factor).astype(_F32)
+        else:
+            total *= inv_p
         if nonfinite is not None and nonfinite.any():
             total[nonfinite] = numpy.nan
         return total
@@ -192,18 +199,23 @@ class StepReduction(object):
 
     def finish_range(self, total, a, b, layer_shift, layer_bad):
         """:meth:`finish_layers` of the elements [a, b) of ``total`` only
-        (the wire mode finishes each block as it decodes it)."""
-        total[a:b] *= _F32(1.0 / self.n_workers)
+        (the wire mode's value path finishes chunk by chunk)."""
+        inv_p = _F32(1.0 / self.n_workers)
         ends = self.offsets[1:]
         i = int(numpy.searchsorted(ends, a, 'right'))
         while i < len(self.sizes) and self.offsets[i] < b:
             lo, hi = max(int(self.offsets[i]), a), min(int(ends[i]), b)
             if lo < hi:
+                seg = total[lo:hi]
                 if layer_bad[i]:
-                    total[lo:hi] = numpy.nan
+                    seg[...] = numpy.nan
                 elif self.uses_exponents and layer_shift[i]:
-                    seg = total[lo:hi]
-                    scale_layer(seg, -int(layer_shift[i]), seg)
+                    # × 1/p and the unshift in one rounding (finish)
+                    factor = numpy.float64(inv_p) * 2.0 ** -int(
+                        layer_shift[i])
+                    seg[...] = seg.astype(numpy.float64) * factor
+                else:
+                    seg *= inv_p
             i += 1
         return total
 

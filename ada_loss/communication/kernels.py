@@ -200,9 +200,9 @@ def decode(data, lo, hi, values, nibble, finish, inv_p, offsets, factor,
     """float32 values of elements ``[lo, hi)`` from their wire bytes
     ``data`` (``values``: the float32 of each code) into ``out[lo:hi]``.
     With ``finish``: the mean of each element as
-    ``StepReduction.finish_range`` computes it — ``× inv_p`` (float32),
-    then ``× factor[l]`` (2^−shift of its layer ``l``, layers
-    ``[offsets[l], offsets[l+1])``; exact in float64, rounded once), NaN
+    ``StepReduction.finish_range`` computes it — ``× fl32(inv_p) ×
+    factor[l]`` (2^−shift of its layer ``l``, layers
+    ``[offsets[l], offsets[l+1])``) exact in float64, rounded once, NaN
     where ``bad[l]`` — as one lookup in a table of the finished value of
     every code, built per layer (the mean depends on the code and the
     layer only)."""
@@ -215,14 +215,14 @@ def decode(data, lo, hi, values, nibble, finish, inv_p, offsets, factor,
             while offsets[layer + 1] <= at:
                 layer += 1
             end = min(hi, offsets[layer + 1])
-            p32 = numpy.float32(inv_p)
+            # × 1/p and × 2^−shift exact in float64, rounded once
+            scale = numpy.float64(numpy.float32(inv_p)) * factor[layer]
             for c in range(values.size):
-                v = values[c] * p32
                 if bad[layer]:
-                    v = numpy.float32(numpy.nan)
-                elif factor[layer] != 1.0:
-                    v = numpy.float32(numpy.float64(v) * factor[layer])
-                table[c] = v
+                    table[c] = numpy.nan
+                else:
+                    table[c] = numpy.float32(
+                        numpy.float64(values[c]) * scale)
         dest = out[at:end]
         if nibble:
             for i in range(end - at):

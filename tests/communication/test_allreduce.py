@@ -304,3 +304,39 @@ def test_scale_pow2_is_ldexp_bit_for_bit():
         assert got.dtype == numpy.float32
         assert numpy.array_equal(got.view(numpy.uint32),
                                  want.view(numpy.uint32))
+
+
+def test_mean_rounds_once_where_it_is_subnormal():
+    """× 1/p and the unshift fold into one rounding (issue 34): with p = 3
+    and means that are float32 subnormals, ``finish`` (per element),
+    ``finish_range`` (per layer) and the wire's fused decode kernel all
+    give ``round(sum · fl32(1/3) · 2^−shift)`` computed exactly; rounding
+    twice (× 1/p in float32, then the unshift) differs on some of them."""
+    from ada_loss.communication import kernels
+    rng = numpy.random.RandomState(0)
+    n = 4000
+    plan = StepReduction(CommPolicy('float32'), ['/a/W', '/b/W'],
+                         [n // 2, n // 2], 3)
+    total = (1 + rng.random_sample(n)).astype(numpy.float32)
+    layer_shift = numpy.array([140, 135], numpy.int32)
+    shift = numpy.repeat(layer_shift, [n // 2, n // 2])
+    inv_p = numpy.float32(1.0 / 3)
+    exact = (total.astype(numpy.float64) * float(inv_p) *
+             numpy.ldexp(1.0, -shift)).astype(numpy.float32)
+    twice = numpy.ldexp(total * inv_p, -shift).astype(numpy.float32)
+    assert (exact != twice).any()
+    assert numpy.array_equal(plan.finish(total.copy(), shift), exact)
+    bad = numpy.zeros(2, bool)
+    assert numpy.array_equal(
+        plan.finish_range(total.copy(), 0, n, layer_shift, bad), exact)
+    # the kernel: codes of float32 values are not a fast format; decode a
+    # byte table holding the totals' values instead (each code one total)
+    values = total[:256].copy()
+    codes = numpy.arange(n, dtype=numpy.int64) % 256
+    out = numpy.empty(n, numpy.float32)
+    factor = numpy.ldexp(1.0, -layer_shift)
+    kernels.decode(codes.astype(numpy.uint8), 0, n, values, False, True,
+                   1.0 / 3, plan.offsets, factor, bad, out)
+    want = (values[codes].astype(numpy.float64) * float(inv_p) *
+            numpy.ldexp(1.0, -shift)).astype(numpy.float32)
+    assert numpy.array_equal(out, want)
