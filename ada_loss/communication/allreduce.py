@@ -28,6 +28,7 @@ which is why they agree bit for bit.
 import numpy
 
 from ada_loss.communication import exponents as X
+from ada_loss.communication import stacked
 from ada_loss.communication.policy import CommPolicy
 from ada_loss.communication.summation import check_order, low_precision_sum
 from ada_loss.formats import get_format
@@ -147,14 +148,31 @@ class StepReduction(object):
         return shifted
 
     # -- 4. the sum, cast back, unshift, mean ------------------------------
-    def reduce(self, payloads, shift, nonfinite=None):
+    def reduce(self, payloads, shift, nonfinite=None, reference=False):
         """The FP32 mean over workers from the gathered payloads
-        (``(p, n)``): the same on every worker that calls it."""
+        (``(p, n)``): the same on every worker that calls it. On format
+        codes with the compiled kernels where they apply
+        (:mod:`~ada_loss.communication.stacked`); ``reference=True``: the
+        NumPy emulation, the definition (the tests' oracle)."""
         payloads = numpy.asarray(payloads, _F32)
         p = payloads.shape[0]
         if p != self.n_workers:
             raise ValueError('expected {} payloads, got {}'.format(
                 self.n_workers, p))
+        if not reference and stacked.applies(self):
+            # the payloads hold shifted format values: encoded unshifted,
+            # the layer's shift undone at the end
+            starts = self.offsets[:-1]
+            present = numpy.array(self.sizes) > 0
+            layer_shift = numpy.zeros(len(self.sizes), numpy.int32)
+            layer_bad = numpy.zeros(len(self.sizes), bool)
+            shift = numpy.broadcast_to(shift, (self.size,))
+            layer_shift[present] = shift[starts[present]]
+            if nonfinite is not None:
+                layer_bad[present] = numpy.broadcast_to(
+                    nonfinite, (self.size,))[starts[present]]
+            return stacked.mean(self, payloads, layer_shift, layer_bad,
+                                encoded_shift=False)
         pol = self.policy
         total = numpy.empty(self.size, _F32)
         lp = self.lp_elements
@@ -220,12 +238,20 @@ class StepReduction(object):
         return total
 
     # -- everything at once (one process holds all workers) -----------------
-    def mean_of_stacked(self, buffers):
+    def mean_of_stacked(self, buffers, reference=False):
         """Steps 1–4 for stacked worker buffers ``(p, n)``: exactly what p
-        ranks compute (the simulator and :func:`allreduce_low_precision`)."""
+        ranks compute (the simulator and :func:`allreduce_low_precision`).
+        Shift, rounding and sum on format codes by the compiled kernels
+        where they apply (:mod:`~ada_loss.communication.stacked`);
+        ``reference=True``: the NumPy emulation (the tests' oracle)."""
         buffers = numpy.asarray(buffers, _F32)
-        shift, bad = self.shifts(self.stacked_max_exps(buffers))
-        return self.reduce(self.encode(buffers, shift), shift, bad)
+        agreed = self.stacked_max_exps(buffers)
+        if not reference and stacked.applies(self):
+            layer_shift, layer_bad = self.layer_shifts(agreed)
+            return stacked.mean(self, buffers, layer_shift, layer_bad)
+        shift, bad = self.shifts(agreed)
+        return self.reduce(self.encode(buffers, shift), shift, bad,
+                           reference=True)
 
 
 def allreduce_low_precision(worker_grads, fmt, aps=True, order='ring',
