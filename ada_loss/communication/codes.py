@@ -40,24 +40,25 @@ tables built once per format from ``quantize`` itself, read by compiled
 kernels (:mod:`~ada_loss.communication.kernels`, Numba) that each make one
 pass over memory:
 
-*Rounding by table* (:meth:`WireCodec.round_encode`): ``quantize`` then
-encode, for *any* float32 ``y``, in one lookup. With M ≤ 5 (every format
-of at most 8 bits) the rounding position of every finite value — the
-format's normals (round bit 22 − M) and its subnormals (higher) — lies at
-or above bit 17 of the float32 pattern. So round the pattern *to odd* at
-bit 16 first — the key: its top 16 bits, bit 16 or'ed with "the low 16
-bits are not all zero" (``(low + 0xFFFF)`` carries into bit 16 exactly
-when low ≠ 0) — and round-to-nearest-even of the key's value is that of
-``y`` (rounding to odd with two or more extra bits keeps every tie a tie
-and every non-tie off it). One table of 2^16 codes,
-``code(quantize(key · 2^16))``, then gives every float32's code: Inf, NaN
-and float32 subnormals (which all round to ±0, E ≤ 7) are rows of it.
+*Rounding by arithmetic* (:meth:`WireCodec.round_encode`, the kernels'
+encoding): ``quantize`` then encode, for *any* float32 ``y``, computed on
+its bits in branch-free selects, so that the loop vectorizes: a value in
+the format's normal range rounds its mantissa to M bits (add half an ulp
+less one, plus the lowest kept bit: ties to even; the carry moves into the
+exponent field) and rebiases the exponent; a value below the format's
+smallest normal rounds ``|y| · 2^(M − emin)`` to an integer (float32's own
+rounding of ``t + 2^23``, ties to even; exact, the product being a power
+of two away); magnitudes beyond the largest finite code take the code
+``quantize`` gives to an overflow (Inf, NaN, or the largest value for
+saturating formats), float32 Inf and NaN theirs — those codes are read
+from ``quantize`` once per format (:func:`_encoder_parameters`).
 
-*APS's shift*: the kernel multiplies first — ``x · 2^e`` exact in
-float64, rounded once to float32: bit for bit ``scale_pow2`` (correctly
-rounded, as ``ldexp``) for every shift — and keys the product, in the
-same pass; no table per shift. Tested for every top half with low halves
-0, 1, 0x7FFF, 0x8000, 0xFFFF and a random one against ``quantize`` (and
+*APS's shift*: the kernel multiplies first — by the float32 power of two
+(or, beyond float32's powers, exactly in float64 and rounded once): bit
+for bit ``scale_pow2`` — and encodes the product, in the same pass over
+memory. Tested for every float32 top half with low halves 0, 1, 0x7FFF,
+0x8000, 0xFFFF and a random one (every sign, binade, float32 subnormal,
+Inf, NaN, both sides of every tie) against ``quantize`` + encode (and
 ``quantize(scale_pow2(·))`` for shifts from −140 to +140), and against
 ml_dtypes' casts where it has the format (equal on every non-NaN pattern).
 
@@ -224,7 +225,7 @@ class WireCodec(object):
         ``quantize(y · 2^shift)`` (the product as ``scale_pow2`` rounds
         it), one per byte (``uint8``, unpacked: 0..15 for a nibble format),
         into ``out`` when given: bit for bit ``encode(quantize(·))``
-        (module docstring, *Rounding by table*), one compiled pass."""
+        (module docstring, *Rounding by arithmetic*), one compiled pass."""
         y = numpy.ascontiguousarray(y, _F32)
         if out is None:
             out = numpy.empty(y.size, numpy.uint8)
@@ -346,8 +347,8 @@ def _encoder_parameters(codec):
 class _FastTables(object):
     """The tables of a format of at most 8 bits (module docstring):
 
-    * ``keyed``: the code of ``quantize(v)`` for every float32 pattern
-      ``v`` by its key (top 16 bits, rounded to odd);
+    * ``prm``, ``sub_scale``: the encoding kernel's parameters
+      (:func:`_encoder_parameters`);
     * ``add``, ``sub``: ``(a << 8) | b`` → the wire byte of ``Q(a ± b)``
       for wire bytes ``a``, ``b`` (two nibble values per byte);
     * ``values``: the float32 value of every code (256 entries, or 16 for
@@ -361,9 +362,6 @@ class _FastTables(object):
         def code(q):
             return enc[q.view(_U32) >> shift]
 
-        top = numpy.arange(1 << 16, dtype=_U32) << _U32(16)
-        with numpy.errstate(over='ignore', invalid='ignore'):
-            self.keyed = code(fmt.quantize(top.view(_F32)))
         values = numpy.zeros(256 if codec.kind == 'byte' else 16, _F32)
         values[:codec.decode_table.size] = codec.decode_table
         tables = []

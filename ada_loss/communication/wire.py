@@ -45,23 +45,24 @@ packed; exact per chunk, ragged chunks included):
   element ``Allreduce(MAX)`` of the NaN positions follows (NaN absorbs
   every later ⊕, so its positions are all the emulation's result needs).
 
-The mean is then :meth:`StepReduction.finish` (× 1/p, unshift, non-finite
-layers → NaN), as in the emulation (``finish_range``: the same roundings,
-block by block right after decoding).
+The mean is then :meth:`StepReduction.finish` (× 1/p and unshift in one
+rounding, non-finite layers → NaN), as in the emulation (``finish_range``:
+the same rounding, fused into the decoding pass on the fast path).
 
 Two implementations of the parts, one result:
 
 *fast path* (:class:`_CodePart`; formats of at most 8 bits, unless NaN
-    positions must be tracked): this rank's values are shifted
-    (``x · 2^shift`` per layer, as ``scale_pow2`` rounds it), rounded and
-    encoded in one table lookup (the shift folded into the table:
-    :meth:`~.codes.WireCodec.shift_table`), block by block as the ring
-    needs each chunk, never stored as float32 payloads; a hop is
-    one lookup per byte in the format's ⊕ table (four with Kahan:
-    ``y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y)``), in place in the
-    received message, which is then sent on as it is; the end decodes
-    pairs of codes per lookup and finishes the mean of each block while it
-    is in cache. The messages live in buffers kept from call to call.
+    positions must be tracked), the compiled kernels of
+    :mod:`~.kernels`, each one pass over memory: this rank's values are
+    shifted (``x · 2^shift`` per layer, as ``scale_pow2`` rounds it),
+    rounded and encoded in the pass that needs them (the first message;
+    a hop), never stored as float32 payloads; a hop adds them to the
+    received partial sum by the format's ⊕ table (four table operations
+    with Kahan: ``y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y)``), in
+    place in the received message, which is then sent on as it is; the
+    end decodes each chunk with the mean (× 1/p, unshift, NaN layers)
+    fused, one lookup per value in a per-layer table of finished values.
+    The messages live in buffers kept from call to call.
 *value path* (:class:`_ValuePart`): FP32 layers, 16-bit formats, and
     formats without a NaN code when APS is off (their NaN positions are
     tracked at each encoding): decode, ``Accumulator.add``, encode, as
