@@ -286,6 +286,15 @@ def test_vectorized_exponents_match_per_layer():
                                   if s else 0, 8) for o, s in segs]
             assert list(got[r]) == want
             assert list(X.layer_max_exps(buf[r], segs, 8)) == want
+    # the compiled max on the bits: −Inf, a negative NaN, float32
+    # subnormals and −0 beside normals
+    buf = numpy.array([1.0, -numpy.inf, 2.0, -numpy.nan, 0.5, -0.0,
+                       2.0 ** -140, -2.0 ** -148, -3.0, 0.0], F32)
+    segs = [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (9, 1)]
+    got = X.layer_max_exps(buf, segs, 8)
+    assert list(got) == [X.NONFINITE, X.NONFINITE, X.code_of_max(0.5, 8),
+                         X.code_of_max(2.0 ** -148, 8),
+                         X.code_of_max(3.0, 8), X.ZERO]
 
 
 def test_scale_pow2_is_ldexp_bit_for_bit():
