@@ -271,13 +271,19 @@ def mpi(args):
         rng = numpy.random.RandomState(rank)
         buf = rng.standard_normal(n).astype(numpy.float32)
         buf *= numpy.float32(1e-3)
-        times = {m: [] for m, _ in METHODS}
-        cpu = {m: [] for m, _ in METHODS}
-        parts = {m: {k: [] for k in PHASES} for m, _ in METHODS}
+        methods = [(m, b) for m, b in METHODS if m in args.methods or
+                   m == 'fp32_allreduce']
+        if label == 'resnet50' and args.resnet50_methods:
+            methods = [(m, b) for m, b in methods
+                       if m in args.resnet50_methods or
+                       m == 'fp32_allreduce']
+        times = {m: [] for m, _ in methods}
+        cpu = {m: [] for m, _ in methods}
+        parts = {m: {k: [] for k in PHASES} for m, _ in methods}
         sent = {}
         repeats = args.repeats if n < (1 << 22) else args.repeats_large
         for i in range(1 + repeats):
-            for method, _ in METHODS:
+            for method, _ in methods:
                 for k in PHASES:
                     phases[k] = 0.0
                 comm.sent = 0
@@ -299,7 +305,7 @@ def mpi(args):
                     sent[method] = comm.sent
         if rank:
             continue
-        for method, bits in METHODS:
+        for method, bits in methods:
             counted = method in ('fp16_ring', 'aps_wire_8bit',
                                  'aps_wire_4bit')
             if method == 'aps_emulated':
@@ -319,7 +325,7 @@ def mpi(args):
             for k in PHASES:
                 rec['seconds_' + k] = B.median(parts[method][k])
             records.append(rec)
-        print_block(records[-len(METHODS):])
+        print_block(records[-len(methods):])
         sys.stdout.flush()
     for name, fn in saved.items():
         setattr(WireCodec, name, fn)
@@ -344,6 +350,7 @@ def print_block(recs):
               'decode', 'hop', 'compute', 'cpu', 'vs fp32', 'vs emul',
               'cpu/fp32'))
     by = {r['method']: r for r in recs}
+    emul = by.get('aps_emulated', {'seconds': float('nan')})
     for r in recs:
         print('  {:15s} {:9.4f} {:>7s} {:9.4f} {:8.4f} {:8.4f} {:8.4f} '
               '{:8.4f} {:8.4f} {:8.4f} {:7.2f} {:7.2f} {:8.2f}'.format(
@@ -352,7 +359,7 @@ def print_block(recs):
                   r['seconds_decode'], r['seconds_hop'],
                   r['seconds_compute'], r['cpu_seconds'],
                   r['seconds'] / by['fp32_allreduce']['seconds'],
-                  r['seconds'] / by['aps_emulated']['seconds'],
+                  r['seconds'] / emul['seconds'],
                   r['cpu_seconds'] / by['fp32_allreduce']['cpu_seconds']))
 
 
@@ -362,8 +369,9 @@ def summarize(paths):
     print('| P | buffer | elements | FP32 Allreduce [s] | FP16 Allreduce | '
           'FP16 ring | APS emulated | APS wire 8-bit | APS wire 4-bit | '
           'wire 8-bit bytes / FP32 | wire 8-bit / emulated | '
-          'wire 8-bit / FP32 | CPU: wire 8-bit / FP32 |')
-    print('|' + '---|' * 13)
+          'wire 8-bit / FP32 | CPU: wire 8-bit / FP32 | wire 4-bit / FP32 | '
+          'CPU: wire 4-bit / FP32 |')
+    print('|' + '---|' * 15)
     for path in paths:
         with open(path) as f:
             records = json.load(f)['records']
@@ -373,15 +381,19 @@ def summarize(paths):
                             {})[r['method']] = r
         for (p, label, n), by in rows.items():
             w8, f32 = by['aps_wire_8bit'], by['fp32_allreduce']
+            emul = by.get('aps_emulated', {'seconds': float('nan')})
+            w4 = by['aps_wire_4bit']
             print('| {} | {} | {} | {} | {:.4f} | {:.2f}x | {:.2f}x | '
-                  '{:.2f}x |'.format(
+                  '{:.2f}x | {:.2f}x | {:.2f}x |'.format(
                       p, label, n, ' | '.join(
-                          '{:.4f}'.format(by[m]['seconds'])
-                          for m, _ in METHODS),
+                          '{:.4f}'.format(by[m]['seconds']) if m in by
+                          else '—' for m, _ in METHODS),
                       w8['bytes_per_element'] / f32['bytes_per_element'],
-                      w8['seconds'] / by['aps_emulated']['seconds'],
+                      w8['seconds'] / emul['seconds'],
                       w8['seconds'] / f32['seconds'],
-                      w8['cpu_seconds'] / f32['cpu_seconds']))
+                      w8['cpu_seconds'] / f32['cpu_seconds'],
+                      w4['seconds'] / f32['seconds'],
+                      w4['cpu_seconds'] / f32['cpu_seconds']))
 
 
 def codec_seconds(rec, p):
@@ -531,6 +543,11 @@ def main():
                    help='--mpi: P:b,... the sweep stops at 2^b for P ranks '
                    '(memory: the emulated mode gathers P copies)')
     p.add_argument('--json', help='--mpi: write the records here')
+    p.add_argument('--methods', default=','.join(m for m, _ in METHODS),
+                   help='--mpi: the methods to time (fp32_allreduce always)')
+    p.add_argument('--resnet50-methods', default='',
+                   help='--mpi: fewer methods for the ResNet-50 buffer '
+                   '(P = 8: the emulated mode gathers P FP32 copies)')
     p.add_argument('--mpi', action='store_true')
     p.add_argument('--codec', action='store_true',
                    help='time the codec steps in one process (2^a values, '
@@ -543,6 +560,9 @@ def main():
         break_even(args.summarize)
         return
     args.models = [m for m in args.models.split(',') if m]
+    args.methods = args.methods.split(',')
+    args.resnet50_methods = [m for m in args.resnet50_methods.split(',')
+                             if m]
     args.sweep = [int(v) for v in args.sweep.split(',')]
     args.max_log2 = dict(tuple(int(v) for v in item.split(':'))
                          for item in args.max_log2.split(',') if item)
