@@ -383,13 +383,14 @@ def summarize(paths):
             w8, f32 = by['aps_wire_8bit'], by['fp32_allreduce']
             emul = by.get('aps_emulated', {'seconds': float('nan')})
             w4 = by['aps_wire_4bit']
-            print('| {} | {} | {} | {} | {:.4f} | {:.2f}x | {:.2f}x | '
+            print('| {} | {} | {} | {} | {:.4f} | {} | {:.2f}x | '
                   '{:.2f}x | {:.2f}x | {:.2f}x |'.format(
                       p, label, n, ' | '.join(
                           '{:.4f}'.format(by[m]['seconds']) if m in by
                           else '—' for m, _ in METHODS),
                       w8['bytes_per_element'] / f32['bytes_per_element'],
-                      w8['seconds'] / emul['seconds'],
+                      '{:.2f}x'.format(w8['seconds'] / emul['seconds'])
+                      if 'aps_emulated' in by else '—',
                       w8['seconds'] / f32['seconds'],
                       w8['cpu_seconds'] / f32['cpu_seconds'],
                       w4['seconds'] / f32['seconds'],
