@@ -17,8 +17,8 @@ mantissa bits is fixed by the top ``9 + M`` bits of its float32 pattern
 (sign, the 8 exponent bits, the top M mantissa bits; the format's
 subnormals are float32 normals with at most M significant bits), so a table
 of ``2^(9+M)`` codes indexed by ``float32_bits >> (23 − M)`` maps value to
-code (16 K entries for an 8-bit format). Decoding is a table of ``2^bits``
-float32 values (for packed nibbles: one 256-entry table of value *pairs*).
+code (16 K entries for an 8-bit format: :meth:`WireCodec.encode`, exact
+values only). Decoding is a table of ``2^bits`` float32 values.
 Both tables are built from the format's own definition (sign, biased
 exponent, subnormals, the Inf/NaN encodings of its overflow policy) and
 tested against ``quantize`` for every code.
@@ -87,7 +87,6 @@ _QNAN = 0x7FC00000
 #: cache; the tests set it small to cross many block boundaries; even, so
 #: nibble blocks start on a byte)
 BLOCK = 1 << 12
-_EMPTY_U8 = numpy.empty(0, numpy.uint8)
 _EMPTY_I64 = numpy.empty(0, numpy.int64)
 _EMPTY_F64 = numpy.empty(0, numpy.float64)
 _EMPTY_BOOL = numpy.empty(0, numpy.bool_)

@@ -176,7 +176,7 @@ class _CodePart(object):
 
     def decode(self, chunk, a, b, out, finish):
         """Elements [a, b) from their wire bytes ``chunk`` into ``out``;
-        with ``finish`` (:func:`_finishing`), the mean of each, in the
+        with ``finish`` (:class:`_Finish`'s ``args``), the mean of each, in the
         same pass."""
         if finish is None:
             finish = (False, 1.0, _EMPTY_I64, _EMPTY_F64, _EMPTY_BOOL)
