@@ -16,6 +16,10 @@ setup(
         'PyYAML',
         # reference (and, where faster, implementation) of the number formats
         'ml_dtypes',
+        # the APS codec's compiled kernels (ada_loss/communication/
+        # kernels.py: the wire mode, the simulator); a core dependency
+        # because the simulator (no MPI) uses them too
+        'numba',
         'matplotlib',
         'scikit-learn',
         'Pillow',

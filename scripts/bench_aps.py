@@ -136,9 +136,10 @@ METHODS = [('fp32_allreduce', 32), ('fp16_allreduce', 16),
            ('fp16_ring', 16), ('aps_emulated', 8), ('aps_wire_8bit', 8),
            ('aps_wire_4bit', 4)]
 PHASES = ('encode', 'comm', 'decode', 'hop', 'compute')
-# the fast path's table rounding is encoding; its ⊕ tables are the hops
-PHASE_OF = {'round_block': 'encode', 'pair_block': 'hop',
-            '_own_block': 'encode'}
+# the fast path's kernels: own_wire encodes (the first message), a hop
+# rounds this rank's values and adds them (one fused pass), decode
+# finishes the mean in its pass
+PHASE_OF = {'own_wire': 'encode'}
 
 
 class TimedComm(object):
@@ -228,9 +229,9 @@ def mpi(args):
     p, rank = world.Get_size(), world.Get_rank()
     phases = dict.fromkeys(PHASES, 0.0)
     comm = TimedComm(world, phases)
-    saved = _timed_methods(WireCodec, ('encode', 'decode', 'round_block',
-                                       'pair_block'), phases)
-    saved_part = _timed_methods(_CodePart, ('_own_block',), phases)
+    saved = _timed_methods(WireCodec, ('encode', 'decode'), phases)
+    saved_part = _timed_methods(_CodePart, ('own_wire', 'hop', 'decode'),
+                                phases)
     fp16_op = fp16_sum_op()
     policies = {'fp16_ring': CommPolicy('float16', aps=False),
                 'aps_emulated': CommPolicy('fp8_e5m2'),
@@ -270,13 +271,19 @@ def mpi(args):
         rng = numpy.random.RandomState(rank)
         buf = rng.standard_normal(n).astype(numpy.float32)
         buf *= numpy.float32(1e-3)
-        times = {m: [] for m, _ in METHODS}
-        cpu = {m: [] for m, _ in METHODS}
-        parts = {m: {k: [] for k in PHASES} for m, _ in METHODS}
+        methods = [(m, b) for m, b in METHODS if m in args.methods or
+                   m == 'fp32_allreduce']
+        if label == 'resnet50' and args.resnet50_methods:
+            methods = [(m, b) for m, b in methods
+                       if m in args.resnet50_methods or
+                       m == 'fp32_allreduce']
+        times = {m: [] for m, _ in methods}
+        cpu = {m: [] for m, _ in methods}
+        parts = {m: {k: [] for k in PHASES} for m, _ in methods}
         sent = {}
         repeats = args.repeats if n < (1 << 22) else args.repeats_large
         for i in range(1 + repeats):
-            for method, _ in METHODS:
+            for method, _ in methods:
                 for k in PHASES:
                     phases[k] = 0.0
                 comm.sent = 0
@@ -298,7 +305,7 @@ def mpi(args):
                     sent[method] = comm.sent
         if rank:
             continue
-        for method, bits in METHODS:
+        for method, bits in methods:
             counted = method in ('fp16_ring', 'aps_wire_8bit',
                                  'aps_wire_4bit')
             if method == 'aps_emulated':
@@ -318,7 +325,7 @@ def mpi(args):
             for k in PHASES:
                 rec['seconds_' + k] = B.median(parts[method][k])
             records.append(rec)
-        print_block(records[-len(METHODS):])
+        print_block(records[-len(methods):])
         sys.stdout.flush()
     for name, fn in saved.items():
         setattr(WireCodec, name, fn)
@@ -343,6 +350,7 @@ def print_block(recs):
               'decode', 'hop', 'compute', 'cpu', 'vs fp32', 'vs emul',
               'cpu/fp32'))
     by = {r['method']: r for r in recs}
+    emul = by.get('aps_emulated', {'seconds': float('nan')})
     for r in recs:
         print('  {:15s} {:9.4f} {:>7s} {:9.4f} {:8.4f} {:8.4f} {:8.4f} '
               '{:8.4f} {:8.4f} {:8.4f} {:7.2f} {:7.2f} {:8.2f}'.format(
@@ -351,7 +359,7 @@ def print_block(recs):
                   r['seconds_decode'], r['seconds_hop'],
                   r['seconds_compute'], r['cpu_seconds'],
                   r['seconds'] / by['fp32_allreduce']['seconds'],
-                  r['seconds'] / by['aps_emulated']['seconds'],
+                  r['seconds'] / emul['seconds'],
                   r['cpu_seconds'] / by['fp32_allreduce']['cpu_seconds']))
 
 
@@ -361,8 +369,9 @@ def summarize(paths):
     print('| P | buffer | elements | FP32 Allreduce [s] | FP16 Allreduce | '
           'FP16 ring | APS emulated | APS wire 8-bit | APS wire 4-bit | '
           'wire 8-bit bytes / FP32 | wire 8-bit / emulated | '
-          'wire 8-bit / FP32 | CPU: wire 8-bit / FP32 |')
-    print('|' + '---|' * 13)
+          'wire 8-bit / FP32 | CPU: wire 8-bit / FP32 | wire 4-bit / FP32 | '
+          'CPU: wire 4-bit / FP32 |')
+    print('|' + '---|' * 15)
     for path in paths:
         with open(path) as f:
             records = json.load(f)['records']
@@ -372,15 +381,20 @@ def summarize(paths):
                             {})[r['method']] = r
         for (p, label, n), by in rows.items():
             w8, f32 = by['aps_wire_8bit'], by['fp32_allreduce']
-            print('| {} | {} | {} | {} | {:.4f} | {:.2f}x | {:.2f}x | '
-                  '{:.2f}x |'.format(
+            emul = by.get('aps_emulated', {'seconds': float('nan')})
+            w4 = by['aps_wire_4bit']
+            print('| {} | {} | {} | {} | {:.4f} | {} | {:.2f}x | '
+                  '{:.2f}x | {:.2f}x | {:.2f}x |'.format(
                       p, label, n, ' | '.join(
-                          '{:.4f}'.format(by[m]['seconds'])
-                          for m, _ in METHODS),
+                          '{:.4f}'.format(by[m]['seconds']) if m in by
+                          else '—' for m, _ in METHODS),
                       w8['bytes_per_element'] / f32['bytes_per_element'],
-                      w8['seconds'] / by['aps_emulated']['seconds'],
+                      '{:.2f}x'.format(w8['seconds'] / emul['seconds'])
+                      if 'aps_emulated' in by else '—',
                       w8['seconds'] / f32['seconds'],
-                      w8['cpu_seconds'] / f32['cpu_seconds']))
+                      w8['cpu_seconds'] / f32['cpu_seconds'],
+                      w4['seconds'] / f32['seconds'],
+                      w4['cpu_seconds'] / f32['cpu_seconds']))
 
 
 def codec_seconds(rec, p):
@@ -439,7 +453,11 @@ def codec(args):
     process (``time.process_time``, best of ``--repeats``), on ``2^a``
     normal values (``--sweep``'s a) × 1e-3, 8-bit fp8_e5m2 and 4-bit e3m0:
     the old route (``quantize`` + encode table) and ml_dtypes' cast beside
-    the fast path's rounding by table, plain and with APS's shift."""
+    the compiled kernels (:mod:`~ada_loss.communication.kernels`): the
+    rounding by table, plain and with APS's shift, a hop (plain and
+    Kahan), decoding (plain and fused with the mean). The kernels are
+    compiled (or loaded from their cache) before the timing; the first
+    call's latency is printed."""
     from ada_loss.communication.allreduce import scale_layer
     from ada_loss.communication.codes import WireCodec
     from ada_loss.communication.wire import _CodePart
@@ -457,6 +475,10 @@ def codec(args):
             times.append(time.process_time() - t0)
         return min(times) / n * 1e9
 
+    t0 = time.perf_counter()
+    WireCodec('fp8_e5m2').round_encode(x[:16])
+    print('first call (kernel compiled or loaded from its cache, tables '
+          'built): {:.2f} s'.format(time.perf_counter() - t0))
     for name in ('fp8_e5m2', 'e3m0'):
         c = WireCodec(name)
         f = c.format
@@ -471,16 +493,25 @@ def codec(args):
                          lambda: x.astype(f.ml_dtype)))
         part = _CodePart(c, False, n, x, [(0, n, 20)])
         plain = _CodePart(c, False, n, x, [])
+        kahan = _CodePart(c, True, n, x, [(0, n, 20)])
         codes = part.own_wire(0, n)
         other = plain.own_wire(0, n)
+        s, comp = other.copy(), numpy.zeros_like(other)
         out = numpy.empty(n, numpy.float32)
-        rows += [('round by table (fast path)',
-                  lambda: plain.own_wire(0, n)),
-                 ('x * 2^e rounded by shifted table (fast path)',
-                  lambda: part.own_wire(0, n)),
-                 ('hop: own value rounded + one ⊕ lookup',
-                  lambda: part.hop(0, n, other.copy(), None)),
-                 ('decode', lambda: c.decode(codes, n, out))]
+        # the mean of 4 ranks, one layer shifted by 20 (the wire's finish)
+        finish = (0.25, numpy.array([0, n], numpy.int64),
+                  numpy.array([2.0 ** -20]), numpy.zeros(1, bool))
+        rows += [('encode: round by table (kernel)',
+                  lambda: plain.own_wire(0, n, codes)),
+                 ('encode: x * 2^e rounded by table (kernel)',
+                  lambda: part.own_wire(0, n, codes)),
+                 ('hop: own x * 2^e rounded + one ⊕ (kernel)',
+                  lambda: part.hop(0, n, s, None)),
+                 ('hop, Kahan: + four ⊖/⊕ lookups (kernel)',
+                  lambda: kahan.hop(0, n, s, comp)),
+                 ('decode (kernel)', lambda: c.decode(codes, n, out)),
+                 ('decode + × 1/p + unshift (kernel)',
+                  lambda: part.decode(codes, 0, n, out, finish))]
         if c.kind == 'byte':
             rows.append(('old decode (one value per lookup)',
                          lambda: numpy.take(c.decode_table, codes, out=out)))
@@ -513,6 +544,11 @@ def main():
                    help='--mpi: P:b,... the sweep stops at 2^b for P ranks '
                    '(memory: the emulated mode gathers P copies)')
     p.add_argument('--json', help='--mpi: write the records here')
+    p.add_argument('--methods', default=','.join(m for m, _ in METHODS),
+                   help='--mpi: the methods to time (fp32_allreduce always)')
+    p.add_argument('--resnet50-methods', default='',
+                   help='--mpi: fewer methods for the ResNet-50 buffer '
+                   '(P = 8: the emulated mode gathers P FP32 copies)')
     p.add_argument('--mpi', action='store_true')
     p.add_argument('--codec', action='store_true',
                    help='time the codec steps in one process (2^a values, '
@@ -525,6 +561,9 @@ def main():
         break_even(args.summarize)
         return
     args.models = [m for m in args.models.split(',') if m]
+    args.methods = args.methods.split(',')
+    args.resnet50_methods = [m for m in args.resnet50_methods.split(',')
+                             if m]
     args.sweep = [int(v) for v in args.sweep.split(',')]
     args.max_log2 = dict(tuple(int(v) for v in item.split(':'))
                          for item in args.max_log2.split(',') if item)

@@ -11,10 +11,10 @@ One step, for the gradients of ``p`` workers packed into flat FP32 buffers
    cast to the format (lines 5–7): the *payload*;
 4. the sum of the payloads accumulated in the format in the stated order
    (line 8; :mod:`~ada_loss.communication.summation`), cast back to FP32
-   (line 10, exact), × 1/p in FP32, unshift (line 11, exact): the mean, as
-   ChainerMN's ``allreduce_grad`` (which averages) returns. (× 1/p before
-   the unshift is the same number barring under/overflow, and cannot
-   overflow where the FP32 sum of gradients near FP32's maximum would.)
+   (line 10, exact), × 1/p and unshift (line 11) rounded once to float32
+   (exact in float64; rounding twice would differ where the mean is a
+   float32 subnormal): the mean, as ChainerMN's ``allreduce_grad`` (which
+   averages) returns.
 
 Layers kept in FP32 (policy) skip 1–3 and are summed in FP32 in the same
 order. Without APS (``aps=False``) step 3 is a plain cast, steps 1–2 vanish.
@@ -28,6 +28,7 @@ which is why they agree bit for bit.
 import numpy
 
 from ada_loss.communication import exponents as X
+from ada_loss.communication import stacked
 from ada_loss.communication.policy import CommPolicy
 from ada_loss.communication.summation import check_order, low_precision_sum
 from ada_loss.formats import get_format
@@ -147,14 +148,31 @@ class StepReduction(object):
         return shifted
 
     # -- 4. the sum, cast back, unshift, mean ------------------------------
-    def reduce(self, payloads, shift, nonfinite=None):
+    def reduce(self, payloads, shift, nonfinite=None, reference=False):
         """The FP32 mean over workers from the gathered payloads
-        (``(p, n)``): the same on every worker that calls it."""
+        (``(p, n)``): the same on every worker that calls it. On format
+        codes with the compiled kernels where they apply
+        (:mod:`~ada_loss.communication.stacked`); ``reference=True``: the
+        NumPy emulation, the definition (the tests' oracle)."""
         payloads = numpy.asarray(payloads, _F32)
         p = payloads.shape[0]
         if p != self.n_workers:
             raise ValueError('expected {} payloads, got {}'.format(
                 self.n_workers, p))
+        if not reference and stacked.applies(self):
+            # the payloads hold shifted format values: encoded unshifted,
+            # the layer's shift undone at the end
+            starts = self.offsets[:-1]
+            present = numpy.array(self.sizes) > 0
+            layer_shift = numpy.zeros(len(self.sizes), numpy.int32)
+            layer_bad = numpy.zeros(len(self.sizes), bool)
+            shift = numpy.broadcast_to(shift, (self.size,))
+            layer_shift[present] = shift[starts[present]]
+            if nonfinite is not None:
+                layer_bad[present] = numpy.broadcast_to(
+                    nonfinite, (self.size,))[starts[present]]
+            return stacked.mean(self, payloads, layer_shift, layer_bad,
+                                encoded_shift=False)
         pol = self.policy
         total = numpy.empty(self.size, _F32)
         lp = self.lp_elements
@@ -169,16 +187,23 @@ class StepReduction(object):
 
     def finish(self, total, shift, nonfinite=None):
         """The mean from the sum ``total`` (float32, modified in place):
-        × 1/p, unshift, layers reported non-finite → NaN. The wire mode
-        (:mod:`~ada_loss.communication.wire`) ends with this too."""
-        p = self.n_workers
-        # × 1/p before the unshift: the shifted sum is ≤ 2^upper_exp, so
-        # this cannot overflow even where the FP32 *sum* would (gradients
-        # near FP32's max); with no under/overflow it is the same number as
-        # unshifting first (powers of two commute with rounding)
-        total *= _F32(1.0 / p)
+        × 1/p and the unshift in one rounding, layers reported
+        non-finite → NaN. The wire mode
+        (:mod:`~ada_loss.communication.wire`) computes the same.
+
+        ``sum · fl32(1/p) · 2^−shift`` is exact in float64 (24 × 24
+        significand bits, a power of two) and rounded once to float32:
+        rounding after × 1/p and again after the unshift would round
+        twice where the mean is a float32 subnormal (and p is not a power
+        of two). Nothing can overflow on the way, even where the FP32
+        *sum* of gradients near FP32's maximum would."""
+        inv_p = _F32(1.0 / self.n_workers)
         if self.uses_exponents:
-            total = scale_pow2(total, -shift)
+            factor = numpy.float64(inv_p) * numpy.ldexp(
+                1.0, -numpy.asarray(shift, numpy.int32))
+            total = (total.astype(numpy.float64) * factor).astype(_F32)
+        else:
+            total *= inv_p
         if nonfinite is not None and nonfinite.any():
             total[nonfinite] = numpy.nan
         return total
@@ -192,28 +217,41 @@ class StepReduction(object):
 
     def finish_range(self, total, a, b, layer_shift, layer_bad):
         """:meth:`finish_layers` of the elements [a, b) of ``total`` only
-        (the wire mode finishes each block as it decodes it)."""
-        total[a:b] *= _F32(1.0 / self.n_workers)
+        (the wire mode's value path finishes chunk by chunk)."""
+        inv_p = _F32(1.0 / self.n_workers)
         ends = self.offsets[1:]
         i = int(numpy.searchsorted(ends, a, 'right'))
         while i < len(self.sizes) and self.offsets[i] < b:
             lo, hi = max(int(self.offsets[i]), a), min(int(ends[i]), b)
             if lo < hi:
+                seg = total[lo:hi]
                 if layer_bad[i]:
-                    total[lo:hi] = numpy.nan
+                    seg[...] = numpy.nan
                 elif self.uses_exponents and layer_shift[i]:
-                    seg = total[lo:hi]
-                    scale_layer(seg, -int(layer_shift[i]), seg)
+                    # × 1/p and the unshift in one rounding (finish)
+                    factor = numpy.float64(inv_p) * 2.0 ** -int(
+                        layer_shift[i])
+                    seg[...] = seg.astype(numpy.float64) * factor
+                else:
+                    seg *= inv_p
             i += 1
         return total
 
     # -- everything at once (one process holds all workers) -----------------
-    def mean_of_stacked(self, buffers):
+    def mean_of_stacked(self, buffers, reference=False):
         """Steps 1–4 for stacked worker buffers ``(p, n)``: exactly what p
-        ranks compute (the simulator and :func:`allreduce_low_precision`)."""
+        ranks compute (the simulator and :func:`allreduce_low_precision`).
+        Shift, rounding and sum on format codes by the compiled kernels
+        where they apply (:mod:`~ada_loss.communication.stacked`);
+        ``reference=True``: the NumPy emulation (the tests' oracle)."""
         buffers = numpy.asarray(buffers, _F32)
-        shift, bad = self.shifts(self.stacked_max_exps(buffers))
-        return self.reduce(self.encode(buffers, shift), shift, bad)
+        agreed = self.stacked_max_exps(buffers)
+        if not reference and stacked.applies(self):
+            layer_shift, layer_bad = self.layer_shifts(agreed)
+            return stacked.mean(self, buffers, layer_shift, layer_bad)
+        shift, bad = self.shifts(agreed)
+        return self.reduce(self.encode(buffers, shift), shift, bad,
+                           reference=True)
 
 
 def allreduce_low_precision(worker_grads, fmt, aps=True, order='ring',

@@ -17,8 +17,8 @@ mantissa bits is fixed by the top ``9 + M`` bits of its float32 pattern
 (sign, the 8 exponent bits, the top M mantissa bits; the format's
 subnormals are float32 normals with at most M significant bits), so a table
 of ``2^(9+M)`` codes indexed by ``float32_bits >> (23 − M)`` maps value to
-code (16 K entries for an 8-bit format). Decoding is a table of ``2^bits``
-float32 values (for packed nibbles: one 256-entry table of value *pairs*).
+code (16 K entries for an 8-bit format: :meth:`WireCodec.encode`, exact
+values only). Decoding is a table of ``2^bits`` float32 values.
 Both tables are built from the format's own definition (sign, biased
 exponent, subnormals, the Inf/NaN encodings of its overflow policy) and
 tested against ``quantize`` for every code.
@@ -36,95 +36,91 @@ other float32 is mapped to an unspecified code.
 
 **The fast path** (formats of at most 8 bits: ``WireCodec.fast``; the ring
 of :mod:`~ada_loss.communication.wire` uses it) works on codes only, with
-three kinds of tables built once per format from ``quantize`` itself:
+tables built once per format from ``quantize`` itself, read by compiled
+kernels (:mod:`~ada_loss.communication.kernels`, Numba) that each make one
+pass over memory:
 
-*Rounding by table* (:meth:`WireCodec.round_encode`): ``quantize`` then
-encode, for *any* float32 ``y``, in one lookup. With M ≤ 5 (every format
-of at most 8 bits) the rounding position of every finite value — the
-format's normals (round bit 22 − M) and its subnormals (higher) — lies at
-or above bit 17 of the float32 pattern. So round the pattern *to odd* at
-bit 16 first — the key: its top 16 bits, bit 16 or'ed with "the low 16
-bits are not all zero" (four integer passes: ``(low + 0xFFFF)`` carries
-into bit 16 exactly when low ≠ 0) — and round-to-nearest-even of the key's
-value is that of ``y`` (rounding to odd with two or more extra bits keeps
-every tie a tie and every non-tie off it). One table of 2^16 codes,
-``code(quantize(key · 2^16))``, then gives every float32's code: Inf, NaN
-and float32 subnormals (which all round to ±0, E ≤ 7) are rows of it.
+*Rounding by arithmetic* (:meth:`WireCodec.round_encode`, the kernels'
+encoding): ``quantize`` then encode, for *any* float32 ``y``, computed on
+its bits in branch-free selects, so that the loop vectorizes: a value in
+the format's normal range rounds its mantissa to M bits (add half an ulp
+less one, plus the lowest kept bit: ties to even; the carry moves into the
+exponent field) and rebiases the exponent; a value below the format's
+smallest normal rounds ``|y| · 2^(M − emin)`` to an integer (float32's own
+rounding of ``t + 2^23``, ties to even; exact, the product being a power
+of two away); magnitudes beyond the largest finite code take the code
+``quantize`` gives to an overflow (Inf, NaN, or the largest value for
+saturating formats), float32 Inf and NaN theirs — those codes are read
+from ``quantize`` once per format (:func:`_encoder_parameters`).
 
-*APS's shift in the table* (:meth:`WireCodec.shift_table`): for a float32
-normal ``x`` whose product ``x · 2^e`` is a normal, the product's key is
-``x``'s with the exponent field moved by ``e`` — so the table of shift
-``e`` (``keyed`` with rows moved by ``e``, ±0 below the normals, the
-overflow code above; built once per shift, cached) encodes the shifted
-value without multiplying. A product below 2^−126 (float32 rounds it to a
-subnormal) rounds to ±0 in every format here, as the table says; a
-float32 subnormal ``x`` gives ±0 too unless the shift is so large that
-``2^(e − 126)`` reaches half the format's smallest subnormal
-(:meth:`WireCodec.folds`): those layers are multiplied first. Tested for
-every top half with low halves 0, 1, 0x7FFF, 0x8000, 0xFFFF and a random
-one against ``quantize`` (and ``quantize(scale_pow2(·))`` for shifts from
-−140 to the largest folded), and against ml_dtypes' casts where it has the
-format (equal on every non-NaN pattern; ml_dtypes' cast measured ~5 ns
-per value here, this path under 1, so it is a check, not the
-implementation).
+*APS's shift*: the kernel multiplies first — by the float32 power of two
+(or, beyond float32's powers, exactly in float64 and rounded once): bit
+for bit ``scale_pow2`` — and encodes the product, in the same pass over
+memory. Tested for every float32 top half with low halves 0, 1, 0x7FFF,
+0x8000, 0xFFFF and a random one (every sign, binade, float32 subnormal,
+Inf, NaN, both sides of every tie) against ``quantize`` + encode (and
+``quantize(scale_pow2(·))`` for shifts from −140 to +140), and against
+ml_dtypes' casts where it has the format (equal on every non-NaN pattern).
 
-*The ⊕ by table* (:meth:`WireCodec.add_codes`, ``sub_codes``,
-``pair_block``): ``Q(a + b)`` (and ``Q(a − b)``, for Kahan) of two values
-of the format is a function of their two codes; a table of 2^16 bytes
-indexed by ``(a << 8) | b`` holds the code of the emulation's result (its
+*The ⊕ by table* (:meth:`WireCodec.add_codes`, ``sub_codes``):
+``Q(a + b)`` (and ``Q(a − b)``, for Kahan) of two values of the format is
+a function of their two codes; a table of 2^16 bytes indexed by
+``(a << 8) | b`` holds the code of the emulation's result (its
 ``Accumulator``: FP32 operation, ``quantize``) for every pair — for nibble
 formats a byte holds two values, and one lookup adds both pairs. Tested on
 every pair against the Accumulator.
 
-*Decoding pairs*: a 1-byte code pair (one ``uint16``) → two float32 values
-(one ``uint64``), 2^16 entries; nibbles: one byte → two values (256).
-
-All loops run in blocks of :data:`BLOCK` values with preallocated work
-arrays, so their intermediate arrays stay in cache.
+*Decoding*: the 256-entry (16 for nibbles) table of float32 values, fused
+in the ring's last pass with the mean's ``× 1/p`` and the unshift
+(:func:`~ada_loss.communication.kernels.decode`).
 """
-import sys
-
 import numpy
 
+from ada_loss.communication import kernels
 from ada_loss.communication.cost import format_bits  # NOQA (re-exported)
 from ada_loss.formats import get_format
 
 _F32 = numpy.float32
 _U32 = numpy.uint32
 _QNAN = 0x7FC00000
-_LITTLE = sys.byteorder == 'little'
-#: values per step of the blocked loops (their work arrays stay in cache;
-#: the tests set it small to cross many block boundaries)
-BLOCK = 1 << 16
+#: elements per block of the kernels' loops (their scratch arrays stay in
+#: cache; the tests set it small to cross many block boundaries; even, so
+#: nibble blocks start on a byte)
+BLOCK = 1 << 12
+_EMPTY_I64 = numpy.empty(0, numpy.int64)
+_EMPTY_F64 = numpy.empty(0, numpy.float64)
+_EMPTY_BOOL = numpy.empty(0, numpy.bool_)
+
+
+def block_size():
+    """:data:`BLOCK`, made even (at least 2)."""
+    return max(2, BLOCK - BLOCK % 2)
+
+
+def scratch(k=0):
+    """The process's k-th ``uint8`` work array of :func:`block_size`
+    bytes (a block's unpacked codes)."""
+    n = block_size()
+    if _SCRATCH and _SCRATCH[0].size != n:
+        del _SCRATCH[:]
+    while len(_SCRATCH) <= k:
+        _SCRATCH.append(numpy.empty(n, numpy.uint8))
+    return _SCRATCH[k]
+
+
 _SCRATCH = []
 
 
-def _sticky():
-    """The process's ``uint32`` work array of :data:`BLOCK` entries."""
-    if not _STICKY or _STICKY[0].size != BLOCK:
-        _STICKY[:] = [numpy.empty(BLOCK, _U32)]
-    return _STICKY[0]
+def work():
+    """The process's ``float32`` work array of :func:`block_size` values
+    (a block's shifted values)."""
+    n = block_size()
+    if not _WORK_F32 or _WORK_F32[0].size != n:
+        _WORK_F32[:] = [numpy.empty(n, _F32)]
+    return _WORK_F32[0]
 
 
-_STICKY = []
-
-
-def _pairs():
-    """The process's ``uint16`` work array of :data:`BLOCK` entries."""
-    if not _PAIRS or _PAIRS[0].size != BLOCK:
-        _PAIRS[:] = [numpy.empty(BLOCK, numpy.uint16)]
-    return _PAIRS[0]
-
-
-_PAIRS = []
-
-
-def _scratch():
-    """The process's ``intp`` work array of :data:`BLOCK` entries (the
-    table indices of one block)."""
-    if not _SCRATCH or _SCRATCH[0].size != BLOCK:
-        _SCRATCH[:] = [numpy.empty(BLOCK, numpy.intp)]
-    return _SCRATCH[0]
+_WORK_F32 = []
 KINDS = ('nibble', 'byte', 'half', 'float32')
 
 
@@ -209,12 +205,6 @@ class WireCodec(object):
             enc[lo] = inf_codes[0] if inf_codes.size else nan_code
         enc[idx[finite]] = codes[finite]
         self.encode_table = enc
-        if self.kind == 'nibble':
-            table16 = numpy.zeros(16, _F32)
-            table16[:values.size] = values
-            byte = numpy.arange(256)
-            pairs = numpy.stack([table16[byte & 15], table16[byte >> 4]], 1)
-            self.pair_table = pairs.view(numpy.uint64).ravel()
 
     # -- the fast path of the ring: codes in, codes out -------------------
     @property
@@ -223,70 +213,27 @@ class WireCodec(object):
         of at most 8 bits (one code per byte, or two per byte)."""
         return self.kind in ('nibble', 'byte')
 
-    def _tables(self):
+    def tables(self):
+        """The format's :class:`_FastTables` (built at first use)."""
         if self._fast is None:
             self._fast = _FastTables(self)
         return self._fast
 
     def round_encode(self, y, out=None, shift=0):
-        """float32 values (any, 1-D) → the codes of ``quantize(y)``, one per
-        byte (``uint8``, unpacked: 0..15 for a nibble format), into ``out``
-        when given: bit for bit ``encode(quantize(y))`` (module docstring,
-        *Rounding by table*), in blocks of :data:`BLOCK` values. With
-        ``shift`` (one that :meth:`folds`): of ``quantize(y · 2^shift)``."""
+        """float32 values (any, 1-D) → the codes of
+        ``quantize(y · 2^shift)`` (the product as ``scale_pow2`` rounds
+        it), one per byte (``uint8``, unpacked: 0..15 for a nibble format),
+        into ``out`` when given: bit for bit ``encode(quantize(·))``
+        (module docstring, *Rounding by arithmetic*), one compiled pass."""
         y = numpy.ascontiguousarray(y, _F32)
         if out is None:
             out = numpy.empty(y.size, numpy.uint8)
-        for a in range(0, y.size, BLOCK):
-            self.round_block(y[a:a + BLOCK], out[a:a + BLOCK], shift)
+        seg = numpy.array([0, y.size] if shift else [], numpy.int64)
+        kernels.encode(y, 0, y.size, seg[:1], seg[1:],
+                       numpy.full(seg.size // 2, 2.0 ** shift),
+                       self.tables().prm, self.tables().sub_scale, False,
+                       block_size(), scratch(), work(), out)
         return out
-
-    def round_block(self, y, out, shift=0):
-        """:meth:`round_encode` of at most :data:`BLOCK` contiguous values
-        (no allocation): the codes of ``quantize(y · 2^shift)`` (the
-        product as ``scale_pow2`` rounds it) for a shift that
-        :meth:`folds` (``shift=0`` always does)."""
-        key = self.key_block(y)
-        return self.shift_table(shift).take(key, out=out)
-
-    def key_block(self, y, idx=None):
-        """The table key of each float32 of ``y`` (at most :data:`BLOCK`):
-        its top 16 bits, the lowest of them or'ed with "the low 16 bits are
-        not all zero" — rounding to odd at bit 16 (module docstring), into
-        ``idx`` or the process's ``intp`` work array."""
-        if idx is None:
-            idx = _scratch()
-        idx = idx[:y.size]
-        bits = y.view(_U32)
-        t = _sticky()[:y.size]
-        # bit 16 |= (low 16 bits != 0): (low + 0xFFFF) carries into bit 16
-        # exactly when low is not zero, and never beyond
-        numpy.bitwise_and(bits, _U32(0xFFFF), out=t)
-        numpy.add(t, _U32(0xFFFF), out=t)
-        numpy.bitwise_or(t, bits, out=t)
-        numpy.right_shift(t, _U32(16), out=t)
-        numpy.copyto(idx, t)
-        return idx
-
-    def folds(self, shift):
-        """Whether the shift by ``2^shift`` can be folded into the rounding
-        table (:meth:`shift_table`): always, except upward shifts so large
-        that a float32 subnormal could come out of the format's zero (then
-        the caller multiplies first)."""
-        f = self.format
-        return shift <= 125 + f.emin - f.man_bits
-
-    def shift_table(self, shift):
-        """The rounding table for values to be multiplied by ``2^shift``:
-        the key's exponent moves by ``shift`` (exact for float32 normals,
-        whose product is a normal; a product below 2^−126 rounds to ±0 in
-        every format of ≤ 8 bits, as does a float32 subnormal times a
-        shift that :meth:`folds`; Inf and NaN keep their rows). Cached."""
-        t = self._tables()
-        table = t.shifted.get(shift)
-        if table is None:
-            table = t.shifted[shift] = t.shift(int(shift))
-        return table
 
     def pack(self, codes, out=None):
         """Unpacked codes (``uint8``) → wire bytes: the same array for
@@ -309,32 +256,18 @@ class WireCodec(object):
         ``b`` (values of the format; ``Q`` = ``quantize``): the
         :class:`~ada_loss.communication.summation.Accumulator`'s ⊕ as one
         table lookup per byte (two values per byte for nibbles)."""
-        return self._pair_op(self._tables().add, a, b, out)
+        return self._pair_op(self.tables().add, a, b, out)
 
     def sub_codes(self, a, b, out=None):
         """``Q(a − b)`` on wire bytes, as :meth:`add_codes`."""
-        return self._pair_op(self._tables().sub, a, b, out)
-
-    def pair_block(self, op, a, b, out):
-        """``add_codes`` (``op='add'``) or ``sub_codes`` of at most
-        :data:`BLOCK` bytes, into ``out`` (which may be ``a`` or ``b``)."""
-        idx = _scratch()[:a.size]
-        pair = _pairs()[:a.size]
-        numpy.copyto(pair, a)
-        numpy.left_shift(pair, numpy.uint16(8), out=pair)
-        numpy.bitwise_or(pair, b, out=pair, casting='unsafe')
-        numpy.copyto(idx, pair)
-        return getattr(self._tables(), op).take(idx, out=out)
+        return self._pair_op(self.tables().sub, a, b, out)
 
     def _pair_op(self, table, a, b, out):
-        a = numpy.asarray(a, numpy.uint8)
-        b = numpy.asarray(b, numpy.uint8)
+        a = numpy.ascontiguousarray(a, numpy.uint8)
+        b = numpy.ascontiguousarray(b, numpy.uint8)
         if out is None:
             out = numpy.empty(a.size, numpy.uint8)
-        op = 'add' if table is self._tables().add else 'sub'
-        for i in range(0, a.size, BLOCK):
-            self.pair_block(op, a[i:i + BLOCK], b[i:i + BLOCK],
-                            out[i:i + BLOCK])
+        kernels.pair_op(a, b, table, out)
         return out
 
     def nbytes(self, n):
@@ -374,61 +307,51 @@ class WireCodec(object):
             out[...] = data.view(numpy.float16)
         elif self.kind == 'half':
             numpy.take(self.decode_table, data.view(numpy.uint16), out=out)
-        elif self.kind == 'byte' and _LITTLE:
-            # two codes per lookup: a 2^16-entry table of value pairs
-            pairs = n // 2
-            table = self._tables().decode_pairs
-            words = data[:2 * pairs].view(numpy.uint16)
-            dest = out[:2 * pairs].view(numpy.uint64)
-            for a in range(0, pairs, BLOCK):
-                idx = _scratch()[:words[a:a + BLOCK].size]
-                numpy.copyto(idx, words[a:a + BLOCK])
-                table.take(idx, out=dest[a:a + BLOCK])
-            if n % 2:
-                out[n - 1] = self.decode_table[data[n - 1]]
-        elif self.kind == 'byte':                       # pragma: no cover
-            numpy.take(self.decode_table, data, out=out)
         else:
-            # nibbles: two values per byte, one lookup
-            pairs = n // 2
-            dest = out[:2 * pairs].view(numpy.uint64)
-            for a in range(0, pairs, BLOCK):
-                idx = _scratch()[:dest[a:a + BLOCK].size]
-                numpy.copyto(idx, data[a:a + idx.size])
-                self.pair_table.take(idx, out=dest[a:a + BLOCK])
-            if n % 2:
-                out[n - 1] = self.decode_table[data[pairs] & 15]
+            data = numpy.ascontiguousarray(data)
+            kernels.decode(data, 0, n, self.tables().values,
+                           self.kind == 'nibble', False, 1.0, _EMPTY_I64,
+                           _EMPTY_F64, _EMPTY_BOOL, out)
         return out
 
 
-def _shifted(keyed, shift):
-    """``keyed`` (sign, exponent, 7 mantissa bits) with each normal
-    exponent row e taken from row e + shift: ±0 below row 1, the overflow
-    code (the row of ±Inf) from row 255; rows 0 (zero, float32 subnormals:
-    ±0) and 255 (Inf, NaN) as they are."""
-    base = keyed.reshape(2, 256, 128)
-    out = base.copy()
-    rows = numpy.arange(1, 255) + shift
-    low, high = rows < 1, rows > 254
-    mid = ~(low | high)
-    for sign in (0, 1):
-        out[sign, 1:255][mid] = base[sign, rows[mid]]
-        out[sign, 1:255][low] = base[sign, 0, 0]
-        out[sign, 1:255][high] = base[sign, 255, 0]
-        out[sign, 0] = base[sign, 0, 0]
-    return out.ravel()
+def _encoder_parameters(codec):
+    """``(prm, sub_scale)`` of :func:`~.kernels._code` for a format of at
+    most 8 bits: the rounding position, the exponent rebias, the smallest
+    normal's bits, the sign bit, the largest finite code magnitude, and
+    the codes ``quantize`` gives to overflow, ±Inf and NaN (taken from
+    ``quantize`` and the encode table, so that every policy — Inf, NaN,
+    saturation — is the format's own)."""
+    fmt = codec.format
+    m, e = fmt.man_bits, fmt.exp_bits
+    bias = 1 - fmt.emin
+    enc, shift = codec.encode_table, _U32(codec.shift)
+
+    def code(bits):
+        v = numpy.array([bits], _U32).view(_F32)
+        with numpy.errstate(over='ignore', invalid='ignore'):
+            return int(enc[fmt.quantize(v).view(_U32) >> shift][0])
+
+    top = numpy.array([fmt.u_max], _F32).view(_U32)[0]
+    maxfin = code(int(top)) & ((1 << (e + m)) - 1)
+    prm = numpy.array([
+        23 - m, (127 - bias) << m, (127 + fmt.emin) << 23, e + m, maxfin,
+        code(0x7F7FFFFF), code(0xFF7FFFFF),       # overflow
+        code(0x7F800000), code(0xFF800000),       # ±Inf
+        code(0x7FC00000), code(0xFFC00000)],      # NaN
+        numpy.int64)
+    return prm, float(2.0 ** (m - fmt.emin))
 
 
 class _FastTables(object):
     """The tables of a format of at most 8 bits (module docstring):
 
-    * ``keyed``: the code of ``quantize(v)`` for every float32 pattern
-      ``v`` by its key (top 16 bits, rounded to odd), and ``shifted``: the
-      same for ``v · 2^shift``, one table per shift met;
+    * ``prm``, ``sub_scale``: the encoding kernel's parameters
+      (:func:`_encoder_parameters`);
     * ``add``, ``sub``: ``(a << 8) | b`` → the wire byte of ``Q(a ± b)``
       for wire bytes ``a``, ``b`` (two nibble values per byte);
-    * ``decode_pairs`` (1-byte codes): a little-endian pair of codes (one
-      ``uint16``) → the pair of float32 values (one ``uint64``).
+    * ``values``: the float32 value of every code (256 entries, or 16 for
+      nibbles; codes the format lacks decode to 0).
     """
 
     def __init__(self, codec):
@@ -438,10 +361,6 @@ class _FastTables(object):
         def code(q):
             return enc[q.view(_U32) >> shift]
 
-        top = numpy.arange(1 << 16, dtype=_U32) << _U32(16)
-        with numpy.errstate(over='ignore', invalid='ignore'):
-            self.keyed = code(fmt.quantize(top.view(_F32)))
-        self.shifted = {0: self.keyed}
         values = numpy.zeros(256 if codec.kind == 'byte' else 16, _F32)
         values[:codec.decode_table.size] = codec.decode_table
         tables = []
@@ -459,12 +378,8 @@ class _FastTables(object):
             tables.append(numpy.ascontiguousarray(codes.ravel(),
                                                   numpy.uint8))
         self.add, self.sub = tables
-        self.shift = lambda e: _shifted(self.keyed, e)
-        if codec.kind == 'byte':
-            bits = values.view(_U32).astype(numpy.uint64)
-            u = numpy.arange(1 << 16)
-            self.decode_pairs = bits[u & 255] | (bits[u >> 8] <<
-                                                 numpy.uint64(32))
+        self.values = values
+        self.prm, self.sub_scale = _encoder_parameters(codec)
 
 
 _CODECS = {}

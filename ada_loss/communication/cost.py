@@ -2,10 +2,13 @@
 
 Per worker and step, for a model with L layers (parameters) of n_l elements:
 
-* payload: Σ n_l · bits / 8 bytes (FP32: 4 bytes per value, FP16 2, an
-  8-bit format 1, a 4-bit format such as (3, 0) ½);
-* APS adds one all-reduce of one byte per layer (the exponents; Table 2:
-  "allreduce(8 bits) + allreduce(8L bits)"); layers kept in FP32 need none;
+* payload: what the wire mode sends per value (:func:`wire_bytes`): ½
+  byte for formats of at most 4 bits (two codes per byte, such as (3,
+  0)), 1 byte for 5–8 bits (FP8, and FP6: a 6-bit code takes a byte),
+  2 for FP16 / bfloat16, 4 for FP32 — not bits / 8;
+* APS adds one all-reduce of one byte per low-precision layer (the
+  exponents; Table 2: "allreduce(8 bits) + allreduce(8L bits)"), FP32
+  with APS too (the wire sends them); layers kept in FP32 need none;
 * a ring all-reduce over p workers takes 2(p − 1) steps and sends
   2(p − 1)/p of the message per worker; the hierarchical one with groups of
   k takes 4(k − 1) + 2(p/k − 1) steps (§4.2).
@@ -26,8 +29,19 @@ def format_bits(fmt):
     return 1 + f.exp_bits + f.man_bits
 
 
+def wire_bytes(fmt):
+    """Bytes per value on the wire (``codes.WireCodec``'s packing): ½ for
+    at most 4 bits, 1 for 5–8, 2 for 9–16, 4 for FP32 and wider."""
+    f = get_format(fmt)
+    bits = format_bits(f)
+    if f.is_float32 or bits > 16:
+        return 4.0
+    return 0.5 if bits <= 4 else 1.0 if bits <= 8 else 2.0
+
+
 def message_bytes(sizes, fmt, aps=True, fp32_mask=None):
-    """``(exponent_bytes, payload_bytes)`` one worker contributes per step.
+    """``(exponent_bytes, payload_bytes)`` one worker contributes per step,
+    as the wire mode sends them (tested against its counters).
 
     Args:
         sizes (list of int): elements per layer (parameter).
@@ -36,12 +50,11 @@ def message_bytes(sizes, fmt, aps=True, fp32_mask=None):
         fp32_mask (list of bool): layers kept in FP32 (4 bytes per value).
     """
     fp32_mask = fp32_mask or [False] * len(sizes)
-    bits = format_bits(fmt)
     low = sum(n for n, keep in zip(sizes, fp32_mask) if not keep)
     high = sum(n for n, keep in zip(sizes, fp32_mask) if keep)
-    payload = low * bits / 8.0 + high * 4
+    payload = low * wire_bytes(fmt) + high * 4
     lp_layers = sum(1 for keep in fp32_mask if not keep)
-    exps = lp_layers if (aps and not get_format(fmt).is_float32) else 0
+    exps = lp_layers if aps else 0
     return exps, payload
 
 

@@ -34,6 +34,8 @@ monotone, so the maximum of ``⌈log2 |x|⌉`` is ``⌈log2 max |x|⌉``) with
 """
 import numpy
 
+from ada_loss.communication import kernels
+
 ZERO = 0
 NONFINITE = 255
 CODE_DTYPE = numpy.uint8
@@ -102,28 +104,15 @@ def codes_of_max(tops, world_size):
 
 def _segment_tops(buffers, segments):
     """max |x| of each segment of each row: ``(rows, len(segments))``
-    float64 (0 for an empty segment); one ``maximum.reduceat`` and one
-    ``minimum.reduceat`` over the buffer, for all layers at once."""
-    buffers = numpy.atleast_2d(buffers)
+    float64 (0 for an empty segment, NaN where it holds a NaN); one
+    compiled pass over each row
+    (:func:`~ada_loss.communication.kernels.segment_tops`)."""
+    buffers = numpy.atleast_2d(numpy.asarray(buffers, numpy.float32))
     tops = numpy.zeros((buffers.shape[0], len(segments)), numpy.float64)
-    nonempty = [i for i, (_, size) in enumerate(segments) if size]
-    if nonempty:
-        # [start, end) of each segment; the gaps between them (other layers)
-        # are reduced too and dropped (every other result)
-        bounds = []
-        for i in nonempty:
-            bounds += [segments[i][0], segments[i][0] + segments[i][1]]
-        if bounds[-1] == buffers.shape[1]:
-            bounds.pop()
-        # max |x| = max(max x, −min x): two reading passes, no |x| array;
-        # a NaN propagates through both (maximum/minimum keep NaN)
-        bounds = numpy.array(bounds, numpy.intp)
-        with numpy.errstate(invalid='ignore'):
-            high = numpy.maximum.reduceat(buffers, bounds, axis=1)
-            low = numpy.minimum.reduceat(buffers, bounds, axis=1)
-            red = numpy.maximum(high[:, 0::2].astype(numpy.float64),
-                                -low[:, 0::2].astype(numpy.float64))
-        tops[:, nonempty] = red
+    starts = numpy.array([s for s, _ in segments], numpy.int64)
+    ends = starts + numpy.array([n for _, n in segments], numpy.int64)
+    for row, out in zip(buffers, tops):
+        kernels.segment_tops(numpy.ascontiguousarray(row), starts, ends, out)
     return tops
 
 

@@ -45,23 +45,24 @@ packed; exact per chunk, ragged chunks included):
   element ``Allreduce(MAX)`` of the NaN positions follows (NaN absorbs
   every later ⊕, so its positions are all the emulation's result needs).
 
-The mean is then :meth:`StepReduction.finish` (× 1/p, unshift, non-finite
-layers → NaN), as in the emulation (``finish_range``: the same roundings,
-block by block right after decoding).
+The mean is then :meth:`StepReduction.finish` (× 1/p and unshift in one
+rounding, non-finite layers → NaN), as in the emulation (``finish_range``:
+the same rounding, fused into the decoding pass on the fast path).
 
 Two implementations of the parts, one result:
 
 *fast path* (:class:`_CodePart`; formats of at most 8 bits, unless NaN
-    positions must be tracked): this rank's values are shifted
-    (``x · 2^shift`` per layer, as ``scale_pow2`` rounds it), rounded and
-    encoded in one table lookup (the shift folded into the table:
-    :meth:`~.codes.WireCodec.shift_table`), block by block as the ring
-    needs each chunk, never stored as float32 payloads; a hop is
-    one lookup per byte in the format's ⊕ table (four with Kahan:
-    ``y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y)``), in place in the
-    received message, which is then sent on as it is; the end decodes
-    pairs of codes per lookup and finishes the mean of each block while it
-    is in cache. The messages live in buffers kept from call to call.
+    positions must be tracked), the compiled kernels of
+    :mod:`~.kernels`, each one pass over memory: this rank's values are
+    shifted (``x · 2^shift`` per layer, as ``scale_pow2`` rounds it),
+    rounded and encoded in the pass that needs them (the first message;
+    a hop), never stored as float32 payloads; a hop adds them to the
+    received partial sum by the format's ⊕ table (four table operations
+    with Kahan: ``y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y)``), in
+    place in the received message, which is then sent on as it is; the
+    end decodes each chunk with the mean (× 1/p, unshift, NaN layers)
+    fused, one lookup per value in a per-layer table of finished values.
+    The messages live in buffers kept from call to call.
 *value path* (:class:`_ValuePart`): FP32 layers, 16-bit formats, and
     formats without a NaN code when APS is off (their NaN positions are
     tracked at each encoding): decode, ``Accumulator.add``, encode, as
@@ -69,8 +70,8 @@ Two implementations of the parts, one result:
 """
 import numpy
 
-from ada_loss.communication.allreduce import scale_layer
 from ada_loss.communication import codes as _codes
+from ada_loss.communication import kernels
 from ada_loss.communication.codes import codec_for
 from ada_loss.communication.summation import Accumulator
 from ada_loss.formats import get_format
@@ -103,100 +104,58 @@ def _join(pieces):
 
 class _CodePart(object):
     """Low-precision layers of a format of at most 8 bits, reduced in its
-    codes (module docstring, *fast path*): this rank's values are shifted,
-    rounded and encoded in one table lookup each (the layer's
-    :meth:`~.codes.WireCodec.shift_table`), block by block as the ring
-    needs them; a hop is one table lookup per byte
-    (:meth:`~.codes.WireCodec.pair_block`), four with Kahan's
-    compensation. Or, for the leaders' ring of the hierarchical order: the
-    group sum's codes (``codes``, unpacked)."""
+    codes (module docstring, *fast path*) by the compiled kernels of
+    :mod:`~.kernels`: this rank's values are shifted, rounded and encoded
+    in the pass that needs them (the first message, or a hop); a hop adds
+    them to the received partial sum by the ⊕ table in place (four table
+    operations with Kahan's compensation). Or, for the leaders' ring of
+    the hierarchical order: the group sum's codes (``codes``, unpacked)."""
 
     def __init__(self, codec, kahan, n, x=None, segments=(), codes=None):
         self.codec = codec
         self.kahan = kahan
         self.n = n
         self.x = x
-        # (start, end, shift) in x, sorted; shift 0: unshifted
-        self.segments = [seg for seg in segments if seg[2]]
-        self.seg_ends = numpy.array([seg[1] for seg in self.segments],
-                                    numpy.int64)
+        # (start, end, shift) in x, sorted; shift 0: as they are
+        segments = [seg for seg in segments if seg[2]]
+        self.seg_lo = numpy.array([seg[0] for seg in segments], numpy.int64)
+        self.seg_hi = numpy.array([seg[1] for seg in segments], numpy.int64)
+        self.seg_scale = numpy.array([2.0 ** int(seg[2])
+                                      for seg in segments], numpy.float64)
         self.codes = codes
         self.nan = None
-        self._y = None
-
-    def _own_block(self, a, b, out=None):
-        """This rank's unpacked codes of elements [a, b) (b − a ≤ BLOCK),
-        into ``out`` or a work array."""
-        if out is None:
-            out = _codes_scratch(0)[:b - a]
-        if self.codes is not None:
-            out[...] = self.codes[a:b]
-            return out
-        codec, x = self.codec, self.x[a:b]
-        key = codec.key_block(x)
-        i = int(numpy.searchsorted(self.seg_ends, a, 'right'))
-        at = a
-        while at < b:
-            # the next piece: a gap (shift 0) or a shifted layer
-            if i < len(self.segments) and self.segments[i][0] < b:
-                lo, hi, e = self.segments[i]
-                lo, hi = max(lo, a), min(hi, b)
-            else:
-                lo = hi = b
-                e = 0
-            if at < lo:
-                codec.shift_table(0).take(key[at - a:lo - a],
-                                         out=out[at - a:lo - a])
-            if lo < hi:
-                piece = slice(lo - a, hi - a)
-                if codec.folds(e):
-                    # x · 2^e rounded in one lookup of the shifted table
-                    codec.shift_table(e).take(key[piece], out=out[piece])
-                else:
-                    self._multiplied(x[piece], e, out[piece])
-            at = hi
-            i += 1
-        return out
-
-    def _multiplied(self, x, e, out):
-        """Codes of ``quantize(x · 2^e)`` for a shift the tables do not fold
-        (tiny layers): the product first, as ``scale_pow2`` rounds it."""
-        if self._y is None or self._y.size != _codes.BLOCK:
-            self._y = numpy.empty(_codes.BLOCK, _F32)
-            self._idx = numpy.empty(_codes.BLOCK, numpy.intp)
-        y = scale_layer(x, e, self._y[:x.size])
-        key = self.codec.key_block(y, self._idx)
-        self.codec.shift_table(0).take(key, out=out)
-
-    def _blocks(self, a, b):
-        """[i, j) blocks of [a, b) and their byte offsets from a."""
-        nib = self.codec.kind == 'nibble'
-        block = _codes.BLOCK
-        for i in range(a, b, block):
-            j = min(i + block, b)
-            o = (i - a) // 2 if nib else i - a
-            yield i, j, o, o + self.codec.nbytes(j - i)
+        self.nibble = codec.kind == 'nibble'
+        self.tables = codec.tables()
 
     def own_wire(self, a, b, out=None):
         """Wire bytes of this rank's values [a, b) (into ``out``)."""
         if out is None:
             out = numpy.empty(self.codec.nbytes(b - a), _U8)
-        for i, j, o, e in self._blocks(a, b):
-            if self.codec.kind == 'nibble':
-                self.codec.pack(self._own_block(i, j), out[o:e])
-            else:
-                self._own_block(i, j, out[o:e])
+        if self.codes is not None:
+            out[...] = self.codec.pack(self.codes[a:b])
+            return out
+        t = self.tables
+        kernels.encode(self.x, a, b, self.seg_lo, self.seg_hi,
+                       self.seg_scale, t.prm, t.sub_scale, self.nibble,
+                       _codes.block_size(), _codes.scratch(0), _codes.work(),
+                       out)
         return out
 
     def hop(self, a, b, s, c):
         """Adds this rank's values [a, b) to the received partial sum
         ``s`` (and compensation ``c``, None at the first step), in place."""
-        codec = self.codec
+        t = self.tables
         if self.kahan and c is None:
             c = numpy.zeros_like(s)
-        for i, j, o, e in self._blocks(a, b):
-            own = codec.pack(self._own_block(i, j), _codes_scratch(1)[:e - o])
-            _accumulate(codec, s[o:e], own, c[o:e] if self.kahan else None)
+        if self.codes is not None:
+            kernels.combine(s, c if self.kahan else _EMPTY, self.own_wire(
+                a, b), t.add, t.sub, self.kahan)
+        else:
+            kernels.hop(s, c if self.kahan else _EMPTY, self.x, a, b,
+                        self.seg_lo, self.seg_hi, self.seg_scale, t.prm,
+                        t.sub_scale, t.add, t.sub, self.nibble, self.kahan,
+                        _codes.block_size(), _codes.scratch(0),
+                        _codes.work(), _codes.scratch(1))
         self.state = (s, c)
 
     def state_wire(self, with_c):
@@ -207,43 +166,30 @@ class _CodePart(object):
         """The hierarchical leader: this rank's values ⊕ each member's
         (``messages``: wire bytes of all n values, in rank order), as a
         part whose own codes are the group sum."""
+        t = self.tables
         s = self.own_wire(0, self.n)
-        self.state = (s, None)
+        c = numpy.zeros_like(s) if self.kahan else _EMPTY
         for data in messages:
-            self.hop_codes(s, data)
-        s = self.state[0]
-        codes = s if self.codec.kind != 'nibble' else _unpack(s, self.n)
+            kernels.combine(s, c, data, t.add, t.sub, self.kahan)
+        codes = s if not self.nibble else _unpack(s, self.n)
         return _CodePart(self.codec, self.kahan, self.n, codes=codes)
 
-    def hop_codes(self, s, x):
-        """``s ⊕ x`` for wire bytes of all n values (state kept)."""
-        codec = self.codec
-        c = self.state[1]
-        if self.kahan and c is None:
-            c = numpy.zeros_like(s)
-        block = _codes.BLOCK
-        for o in range(0, s.size, block):
-            e = min(o + block, s.size)
-            _accumulate(codec, s[o:e], x[o:e], c[o:e] if self.kahan else None)
-        self.state = (s, c)
+    def decode(self, chunk, a, b, out, finish):
+        """Elements [a, b) from their wire bytes ``chunk`` into ``out``;
+        with ``finish`` (:class:`_Finish`'s ``args``), the mean of each, in the
+        same pass."""
+        if finish is None:
+            finish = (False, 1.0, _EMPTY_I64, _EMPTY_F64, _EMPTY_BOOL)
+        else:
+            finish = (True,) + finish
+        kernels.decode(chunk, a, b, self.tables.values, self.nibble,
+                       *finish, out)
 
 
-def _accumulate(codec, si, xi, ci):
-    """``si ⊕= xi`` in place on one block of codes; with Kahan compensation
-    codes ``ci`` (updated in place) as the emulation's Accumulator does:
-    y = Q(x − c); t = Q(s + y); c = Q(Q(t − s) − y); s = t."""
-    if ci is None:
-        codec.pair_block('add', si, xi, si)
-        return
-    n = si.size
-    y = codec.pair_block('sub', xi, ci, _codes_scratch(2)[:n])
-    t = codec.pair_block('add', si, y, _codes_scratch(3)[:n])
-    codec.pair_block('sub', t, si, si)
-    codec.pair_block('sub', si, y, ci)
-    si[...] = t
-
-
-_CODE_SCRATCH = []
+_EMPTY = numpy.empty(0, _U8)
+_EMPTY_I64 = numpy.empty(0, numpy.int64)
+_EMPTY_F64 = numpy.empty(0, numpy.float64)
+_EMPTY_BOOL = numpy.empty(0, numpy.bool_)
 _WORK = {}
 
 
@@ -255,15 +201,6 @@ def _work(name, size):
     if buf is None or buf.size < size:
         buf = _WORK[name] = numpy.empty(size, _U8)
     return buf[:size]
-
-
-def _codes_scratch(k):
-    """The k-th ``uint8`` work array of BLOCK bytes of this process."""
-    if _CODE_SCRATCH and _CODE_SCRATCH[0].size != _codes.BLOCK:
-        del _CODE_SCRATCH[:]
-    while len(_CODE_SCRATCH) <= k:
-        _CODE_SCRATCH.append(numpy.empty(_codes.BLOCK, _U8))
-    return _CODE_SCRATCH[k]
 
 
 def _unpack(data, n):
@@ -400,26 +337,44 @@ def _split_message(data, sizes):
     return out
 
 
+class _Finish(object):
+    """The mean of the decoded sum of a single part (``StepReduction``'s
+    ``finish_range``): ``args`` for the fused decode kernel of the fast
+    path (× 1/p, × 2^−shift per layer, NaN for non-finite layers), and
+    :meth:`apply` for a value part's decoded chunk."""
+
+    def __init__(self, plan, total, layer_shift, layer_bad):
+        self.plan, self.total = plan, total
+        self.layer_shift, self.layer_bad = layer_shift, layer_bad
+        factor = numpy.ldexp(numpy.ones(layer_shift.size),
+                             -layer_shift.astype(numpy.int32))
+        if not plan.uses_exponents:
+            factor[...] = 1.0
+        self.args = (1.0 / plan.n_workers, plan.offsets, factor,
+                     numpy.ascontiguousarray(layer_bad, numpy.bool_))
+
+    def apply(self, a, b):
+        self.plan.finish_range(self.total, a, b, self.layer_shift,
+                               self.layer_bad)
+
+
 def _decode(parts, data, starts, sizes, outs, finish=None):
     """Each part's values from the gathered chunk-major bytes ``data``;
-    ``finish(a, b)`` (one part) after each block [a, b) is decoded, while
-    it is in cache."""
+    with ``finish`` (:class:`_Finish`, one part) the mean of each chunk
+    (fused in the decoding pass of the fast path)."""
     at = 0
-    block = _codes.BLOCK
     for j, row in enumerate(sizes):
         for i, part in enumerate(parts):
             a, b = int(starts[i][j]), int(starts[i][j + 1])
             codec, chunk = part.codec, data[at:at + row[i]]
             at += row[i]
-            if finish is None:
-                codec.decode(chunk, b - a, outs[i][a:b])
+            if isinstance(part, _CodePart):
+                part.decode(chunk, a, b, outs[i],
+                            None if finish is None else finish.args)
                 continue
-            for lo in range(a, b, block):
-                hi = min(lo + block, b)
-                o = codec.nbytes(lo - a)
-                codec.decode(chunk[o:o + codec.nbytes(hi - lo)], hi - lo,
-                             outs[i][lo:hi])
-                finish(lo, hi)
+            codec.decode(chunk, b - a, outs[i][a:b])
+            if finish is not None:
+                finish.apply(a, b)
 
 
 def _hierarchical(groups, parts, n_workers, outs, finish=None):
@@ -535,9 +490,8 @@ def wire_mean(comm, plan, buffer, groups=None):
                if part.nan is not None]
     finish = None
     if len(parts) == 1 and not tracked:
-        # the mean of each block right after its decoding
-        def finish(a, b):
-            plan.finish_range(total, a, b, layer_shift, layer_bad)
+        # the mean of each chunk in its decoding pass
+        finish = _Finish(plan, total, layer_shift, layer_bad)
     if pol.order == 'ring':
         data, starts, sizes = _ring(comm, parts)
         _decode(parts, data, starts, sizes, outs, finish)

@@ -1,6 +1,6 @@
 """Run under ``mpiexec -n P`` by test_wire.py: the wire mode of the APS
 all-reduce (:func:`ada_loss.communication.wire.wire_mean`) against the
-emulation (``StepReduction.mean_of_stacked``, what the simulator computes)
+emulation (``StepReduction.mean_of_stacked(reference=True)``: NumPy)
 for every format of at most 8 bits (and FP16, bfloat16), with and without
 Kahan, ring and hierarchical group sizes of P, on buffers with ragged layer
 sizes, FP32 layers, a non-finite layer, overflowing values and a NaN without
@@ -13,7 +13,6 @@ counts, and the measured bytes of a few ring cases.
 import json
 
 import numpy
-from mpi4py import MPI
 
 from ada_loss.communication import CommPolicy, StepReduction
 from ada_loss.communication import codes
@@ -82,6 +81,7 @@ class CountingComm(object):
 
     def Split(self, color, key):
         sub = self.comm.Split(color, key)
+        from mpi4py import MPI
         return sub if sub == MPI.COMM_NULL else CountingComm(sub, self.counts)
 
 
@@ -96,7 +96,8 @@ def buffers(p, seed, fmt, large):
     out[:, ::17] = 0
     out[:, 5::19] *= numpy.float32(2.0 ** -20)
     if large:
-        out *= numpy.float32(get_format(fmt).u_max / 2)
+        with numpy.errstate(over='ignore'):
+            out *= numpy.float32(get_format(fmt).u_max / 2)
     return out
 
 
@@ -144,6 +145,8 @@ def cases(p):
 
 
 def main():
+    # imported here: test_wire.py imports this module's cases without MPI
+    from mpi4py import MPI
     world = MPI.COMM_WORLD
     p, rank = world.Get_size(), world.Get_rank()
     comm = CountingComm(world)
@@ -166,7 +169,7 @@ def main():
             # of the codes' fast path cross many block and layer ends
             codes.BLOCK = 16 if seed % 2 else DEFAULT_BLOCK
             with numpy.errstate(over='ignore', invalid='ignore'):
-                expected = plan.mean_of_stacked(bufs)
+                expected = plan.mean_of_stacked(bufs, reference=True)
                 got, _ = wire_mean(comm, plan, bufs[rank], groups.get(k))
             codes.BLOCK = DEFAULT_BLOCK
             nans = numpy.isnan(expected)
@@ -218,6 +221,17 @@ def measure_bytes(comm, p):
                                  'elements': plan.size,
                                  'lp_layers': 1 if fp32 else 2,
                                  'counts': dict(comm.counts)})
+    # the cost model's formats beyond 8/4 bits: a 6-bit format (one byte
+    # per code) and FP32 with APS (one exponent byte per layer), no Kahan
+    for fmt in ('fp6_e3m2', 'float32'):
+        comm.counts.clear()
+        plan = StepReduction(CommPolicy(fmt), names, sizes, p)
+        wire_mean(comm, plan, (rng.standard_normal(plan.size) / 64).astype(
+            numpy.float32))
+        rows.append({'fmt': fmt, 'bits': format_bits(fmt), 'aps': True,
+                     'kahan': False, 'fp32_elements': 0,
+                     'elements': plan.size, 'lp_layers': 2,
+                     'counts': dict(comm.counts)})
     # hierarchical, groups of 2 (of P when P is odd): every rank's counts
     k = 2 if p % 2 == 0 else p
     groups = split_groups(comm, k)

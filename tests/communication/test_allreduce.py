@@ -219,6 +219,12 @@ def test_cost_model():
     assert message_bytes([100, 10], 'e3m0', aps=False) == (0, 55)
     assert message_bytes([100, 10], 'e4m3', fp32_mask=[False, True]) == \
         (1, 140)
+    # what the wire sends: a 6-bit code takes a byte (not 6/8), FP32 with
+    # APS sends its exponent bytes (the MPI counts: test_wire.py)
+    assert message_bytes([1000], 'fp6_e3m2') == (1, 1000)
+    assert message_bytes([1000], 'fp6_e2m3', aps=False) == (0, 1000)
+    assert message_bytes([1000, 3], 'float32') == (2, 4012)
+    assert message_bytes([1000], 'bfloat16', aps=False) == (0, 2000)
 
 
 def test_break_even_bandwidth():
@@ -280,6 +286,15 @@ def test_vectorized_exponents_match_per_layer():
                                   if s else 0, 8) for o, s in segs]
             assert list(got[r]) == want
             assert list(X.layer_max_exps(buf[r], segs, 8)) == want
+    # the compiled max on the bits: −Inf, a negative NaN, float32
+    # subnormals and −0 beside normals
+    buf = numpy.array([1.0, -numpy.inf, 2.0, -numpy.nan, 0.5, -0.0,
+                       2.0 ** -140, -2.0 ** -148, -3.0, 0.0], F32)
+    segs = [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (9, 1)]
+    got = X.layer_max_exps(buf, segs, 8)
+    assert list(got) == [X.NONFINITE, X.NONFINITE, X.code_of_max(0.5, 8),
+                         X.code_of_max(2.0 ** -148, 8),
+                         X.code_of_max(3.0, 8), X.ZERO]
 
 
 def test_scale_pow2_is_ldexp_bit_for_bit():
@@ -298,3 +313,39 @@ def test_scale_pow2_is_ldexp_bit_for_bit():
         assert got.dtype == numpy.float32
         assert numpy.array_equal(got.view(numpy.uint32),
                                  want.view(numpy.uint32))
+
+
+def test_mean_rounds_once_where_it_is_subnormal():
+    """× 1/p and the unshift fold into one rounding (issue 34): with p = 3
+    and means that are float32 subnormals, ``finish`` (per element),
+    ``finish_range`` (per layer) and the wire's fused decode kernel all
+    give ``round(sum · fl32(1/3) · 2^−shift)`` computed exactly; rounding
+    twice (× 1/p in float32, then the unshift) differs on some of them."""
+    from ada_loss.communication import kernels
+    rng = numpy.random.RandomState(0)
+    n = 4000
+    plan = StepReduction(CommPolicy('float32'), ['/a/W', '/b/W'],
+                         [n // 2, n // 2], 3)
+    total = (1 + rng.random_sample(n)).astype(numpy.float32)
+    layer_shift = numpy.array([140, 135], numpy.int32)
+    shift = numpy.repeat(layer_shift, [n // 2, n // 2])
+    inv_p = numpy.float32(1.0 / 3)
+    exact = (total.astype(numpy.float64) * float(inv_p) *
+             numpy.ldexp(1.0, -shift)).astype(numpy.float32)
+    twice = numpy.ldexp(total * inv_p, -shift).astype(numpy.float32)
+    assert (exact != twice).any()
+    assert numpy.array_equal(plan.finish(total.copy(), shift), exact)
+    bad = numpy.zeros(2, bool)
+    assert numpy.array_equal(
+        plan.finish_range(total.copy(), 0, n, layer_shift, bad), exact)
+    # the kernel: codes of float32 values are not a fast format; decode a
+    # byte table holding the totals' values instead (each code one total)
+    values = total[:256].copy()
+    codes = numpy.arange(n, dtype=numpy.int64) % 256
+    out = numpy.empty(n, numpy.float32)
+    factor = numpy.ldexp(1.0, -layer_shift)
+    kernels.decode(codes.astype(numpy.uint8), 0, n, values, False, True,
+                   1.0 / 3, plan.offsets, factor, bad, out)
+    want = (values[codes].astype(numpy.float64) * float(inv_p) *
+            numpy.ldexp(1.0, -shift)).astype(numpy.float32)
+    assert numpy.array_equal(out, want)
