@@ -49,10 +49,13 @@ from ada_loss.precision import PRECISION_HELP, Precision, parse_precision
 
 
 class ConfigError(ValueError):
-    """A bad configuration: ``key`` is the dotted key at fault."""
+    """A bad configuration: ``key`` is the dotted key at fault.
+    ``generic``: the message only says what type was expected (:func:`fail`),
+    not a specific reason (a wrapper such as ``Optional`` may restate it)."""
 
-    def __init__(self, key, message):
+    def __init__(self, key, message, generic=False):
         self.key = key
+        self.generic = generic
         super(ConfigError, self).__init__(
             'config key {!r}: {}'.format(key, message) if key else message)
 
@@ -60,7 +63,7 @@ class ConfigError(ValueError):
 def fail(key, expected, value):
     """Raises the ConfigError of a value that is not ``expected``."""
     raise ConfigError(key, 'expected {}, got {!r} ({})'.format(
-        expected, value, type(value).__name__))
+        expected, value, type(value).__name__), generic=True)
 
 
 def setting(default, doc, **constraints):
@@ -278,7 +281,9 @@ def check_value(tp, meta, value, key):
         try:
             return check_value(inner, meta, value, key)
         except ConfigError as e:
-            if e.key == key and ' or null' not in str(e):
+            # restate a type mismatch with "or null"; a specific reason
+            # (e.g. "block must be an integer ≥ 1, got 0") is kept as is
+            if e.key == key and e.generic and ' or null' not in str(e):
                 fail(key, expected_text(tp, meta), value)
             raise
     if origin is list:
