@@ -14,3 +14,20 @@ import ondisk_fixtures as fixtures  # NOQA
 @pytest.fixture(scope='session')
 def voc_root(tmp_path_factory):
     return fixtures.make_vocdevkit(str(tmp_path_factory.mktemp('voc')))
+
+
+# -- Hypothesis profiles (the property tests of every parser, docs/reliability.md)
+# ``ci`` (the default): 10,000 generated inputs per string parser; the slower
+# properties (a whole command line, a snapshot file) take a fixed fraction of
+# it (:func:`property_helpers.examples`). ``nightly``: ten times as many.
+# ``dev``: a quick look. Pick one with HYPOTHESIS_PROFILE=nightly.
+from hypothesis import HealthCheck, settings  # NOQA: E402
+
+_SHARED = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow,
+                                      HealthCheck.data_too_large,
+                                      HealthCheck.filter_too_much])
+settings.register_profile('ci', max_examples=10000, **_SHARED)
+settings.register_profile('nightly', max_examples=100000, **_SHARED)
+settings.register_profile('dev', max_examples=500, **_SHARED)
+settings.load_profile(os.environ.get('HYPOTHESIS_PROFILE', 'ci'))

@@ -110,7 +110,13 @@ class FixedScale(object):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             fail(key, FixedScale.expected, value)
         try:
-            return parse_mode('fixed:{!r}'.format(value)).options['scale']
+            # float first: repr of an int of thousands of digits fails
+            return parse_mode('fixed:{!r}'.format(float(value))
+                              ).options['scale']
+        except OverflowError:
+            raise ConfigError(key, 'the scale S of fixed:S must be a '
+                              'positive finite number, got an integer of '
+                              '{} bits'.format(value.bit_length()))
         except ValueError as e:
             raise ConfigError(key, str(e))
 

@@ -261,18 +261,21 @@ def get_format(fmt):
     """
     if isinstance(fmt, FloatFormat):
         return fmt
+    given = fmt
     if not isinstance(fmt, str):
         try:
             fmt = numpy.dtype(fmt).name
-        except TypeError:
+        except Exception:   # NumPy raises TypeError, ValueError, ... here
             raise ValueError('unknown floating-point format {!r}; expected {}'
                              .format(fmt, _ACCEPTED))
     key = fmt.strip().lower()
     if key not in _CACHE:
         f = _make(ML_DTYPES_NAMES.get(key, key))
         if f is None:
-            raise ValueError('unknown floating-point format {!r}; expected {}'
-                             .format(fmt, _ACCEPTED))
+            raise ValueError('unknown floating-point format {!r}{}; expected '
+                             '{}'.format(given, '' if given is fmt else
+                                         ' (NumPy {})'.format(fmt),
+                                         _ACCEPTED))
         # one object per format (e8m23 is float32)
         _CACHE[key] = _CACHE.setdefault(f.name, f)
     return _CACHE[key]
