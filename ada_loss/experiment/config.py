@@ -423,6 +423,17 @@ def _deep_merge(base, top):
     return out
 
 
+def yaml_reason(error):
+    """A YAML error in one line: the problem and where (PyYAML's text
+    spans several lines, and an ``error:`` line is one)."""
+    problem = getattr(error, 'problem', None) or str(error)
+    mark = getattr(error, 'problem_mark', None)
+    if mark is not None:
+        problem += ' (line {}, column {})'.format(mark.line + 1,
+                                                  mark.column + 1)
+    return ' '.join(problem.split())
+
+
 def read_yaml(path, _seen=()):
     """A YAML config file as a raw dict; ``extends: other.yaml`` (relative to
     the file) loads that file first and merges this one over it."""
@@ -437,7 +448,7 @@ def read_yaml(path, _seen=()):
             path, e.strerror))
     except yaml.YAMLError as e:
         raise ConfigError('', 'config file {} is not valid YAML: {}'.format(
-            path, e))
+            path, yaml_reason(e)))
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError('', 'config file {} must hold a mapping'.format(
@@ -466,7 +477,7 @@ def parse_override(text):
         value = yaml.safe_load(m.group(2)) if m.group(2).strip() else None
     except yaml.YAMLError as e:
         raise ConfigError(m.group(1), 'override value {!r} is not valid '
-                          'YAML: {}'.format(m.group(2), e))
+                          'YAML: {}'.format(m.group(2), yaml_reason(e)))
     return m.group(1).split('.'), value
 
 

@@ -133,7 +133,7 @@ def resolve_precision(mode, precision=None):
     if spec.name == 'fp32' and name != 'float32':
         raise ValueError('mode fp32 means no mixed precision; it cannot run '
                          'with precision {!r} (use mode none for low '
-                         'precision without loss scaling)'.format(precision))
+                         'precision without loss scaling)'.format(name))
     return name
 
 
