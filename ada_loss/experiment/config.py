@@ -160,7 +160,7 @@ class Dataset(object):
 
     @staticmethod
     def parse(value, key):
-        if value not in DATASETS:
+        if not isinstance(value, str) or value not in DATASETS:
             fail(key, Dataset.expected, value)
         return value
 
