@@ -37,6 +37,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import typing
 
 import yaml
@@ -423,9 +424,22 @@ def _deep_merge(base, top):
     return out
 
 
+def _short(text, limit=60):
+    """``repr(text)``, cut in the middle when longer than ``limit``."""
+    if len(text) <= limit:
+        return repr(text)
+    return '{!r}...{!r} ({} characters)'.format(text[:limit // 2],
+                                                text[-10:], len(text))
+
+
 def yaml_reason(error):
     """A YAML error in one line: the problem and where (PyYAML's text
     spans several lines, and an ``error:`` line is one)."""
+    if not isinstance(error, yaml.YAMLError):
+        if 'integer string conversion' in str(error):
+            return 'an integer of more than {} digits'.format(
+                sys.get_int_max_str_digits())
+        return ' '.join(str(error).split())
     problem = getattr(error, 'problem', None) or str(error)
     mark = getattr(error, 'problem_mark', None)
     if mark is not None:
@@ -446,7 +460,8 @@ def read_yaml(path, _seen=()):
     except OSError as e:
         raise ConfigError('', 'cannot read config file {}: {}'.format(
             path, e.strerror))
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError) as e:
+        # ValueError: PyYAML's int() of a number of thousands of digits
         raise ConfigError('', 'config file {} is not valid YAML: {}'.format(
             path, yaml_reason(e)))
     raw = raw or {}
@@ -475,9 +490,10 @@ def parse_override(text):
                           'section.key=value, e.g. train.lr=0.05'.format(text))
     try:
         value = yaml.safe_load(m.group(2)) if m.group(2).strip() else None
-    except yaml.YAMLError as e:
-        raise ConfigError(m.group(1), 'override value {!r} is not valid '
-                          'YAML: {}'.format(m.group(2), yaml_reason(e)))
+    except (yaml.YAMLError, ValueError) as e:
+        raise ConfigError(m.group(1), 'override value {} is not valid '
+                          'YAML: {}'.format(_short(m.group(2)),
+                                            yaml_reason(e)))
     return m.group(1).split('.'), value
 
 

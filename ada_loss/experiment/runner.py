@@ -120,16 +120,22 @@ class Study(object):
 
 
 # -- --only -------------------------------------------------------------------------
+#: the value types of --only keys named alike in every study
+_ONLY_TYPES = {'mode': C.Mode, 'precision': C.PrecisionName}
+
+
 def _normalize(key, value, example):
     """A ``--only`` value as the cells hold it: parsed as the config parses
     the cells' values (a mode, a precision: :func:`C.value_type_of`), or as
     a bool, int or float like the cells' values."""
-    parsed = C.value_type_of(example)
+    # a key whose cells hold None (a grid without precisions) still parses
+    # its values, so that a bad one is named with its reason
+    parsed = C.value_type_of(example) or _ONLY_TYPES.get(key)
     if parsed is not None:
         try:
             return parsed.parse(value, key)
         except C.ConfigError as e:
-            raise ValueError('bad --only {}={}: {}'.format(
+            raise ValueError('bad --only {}={!r}: {}'.format(
                 key, value, str(e).split(': ', 1)[-1]))
     if isinstance(example, bool):
         if value.lower() in ('true', 'yes', '1'):
@@ -167,7 +173,8 @@ def parse_only(text, cells, aliases=None):
             last = key
             filters.setdefault(key, []).append(value.strip())
         elif last is not None and token.strip() and getattr(
-                C.value_type_of(getattr(cells[0], last)), 'commas', False):
+                C.value_type_of(getattr(cells[0], last))
+                or _ONLY_TYPES.get(last), 'commas', False):
             filters[last][-1] += ',' + token.strip()
         elif token.strip():
             raise ValueError('bad --only item {!r}: expected key=value with '
