@@ -334,6 +334,11 @@ def check_value(tp, meta, value, key):
                 value = float(value)
             except ValueError:
                 fail(key, expected_text(tp, meta), value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                value = float(value)
+            except OverflowError:   # an int beyond float's range
+                fail(key, expected_text(tp, meta), value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or (
                     meta.get('positive') and value <= 0) or (

@@ -41,6 +41,7 @@ import time
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.training.distributed import create_communicator
+from ada_loss.training.snapshot import SnapshotMismatchError
 
 
 class Study(object):
@@ -464,7 +465,8 @@ def main(study, argv=None, default_config=None, description=None,
         try:
             run_cells(study, cfg, cells, args.out, args.resume, args.force,
                       comm, args.jobs, cache=cache)
-        except (RunFolderLocked, C.ConfigError) as e:   # lock; ranks
+        except (RunFolderLocked, C.ConfigError,
+                SnapshotMismatchError) as e:   # lock; ranks; --resume
             return _error(e)
     if comm is not None and comm.rank != 0:
         return 0

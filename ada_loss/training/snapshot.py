@@ -14,6 +14,15 @@
   the run says so on stderr and falls back to ``snapshot_previous``; if
   that is unreadable (or missing) too it says so and starts afresh. Where
   it resumed from is ``loaded_from`` (``run.json``: ``resumed_from``).
+* **Checking against the trainer** (:func:`load_checked`): a readable
+  snapshot whose keys, shapes or dtypes do not fit the trainer (written by
+  another config, model or version; a bit flip in the archive's names) is a
+  :class:`SnapshotMismatchError` naming the key, what the trainer expected
+  and what the file holds. Loading falls back to ``snapshot_previous`` as
+  for an unreadable file; when no snapshot fits, the run stops with that
+  error instead of starting afresh, so that a snapshot of another run is
+  never overwritten. Arrays are read without pickles
+  (``allow_pickle=False``): a snapshot cannot run code.
 """
 import os
 import shutil
@@ -53,6 +62,114 @@ def check_snapshot(path):
     return None
 
 
+class SnapshotMismatchError(ValueError):
+    """A readable snapshot that does not fit the trainer it is loaded
+    into (``key``: the serializer key at fault)."""
+
+    def __init__(self, key, message):
+        self.key = key
+        super(SnapshotMismatchError, self).__init__(message)
+
+    def __str__(self):
+        return self.args[0]
+
+
+class SnapshotKeyMissing(SnapshotMismatchError, KeyError):
+    """A key the trainer holds is not in the snapshot. A KeyError too, as
+    Chainer's deserializer raises, so that the ``serialize`` methods that
+    tolerate a key of a later version (``except KeyError``) still do."""
+
+
+def _describe(array):
+    return '{} of shape {}'.format(array.dtype, array.shape)
+
+
+class _CheckingDeserializer(chainer.serializers.NpzDeserializer):
+    """A dry run of Chainer's NPZ deserializer: each value the trainer asks
+    for is checked against the file and the trainer's own value is given
+    back, so nothing is loaded (a half-loaded trainer could not try the
+    next snapshot cleanly). A value the trainer does not hold yet (None,
+    e.g. optimizer state before the first update) stays None, which every
+    Chainer ``serialize`` takes as "not in the snapshot, initialize later":
+    only its presence and dtype are checked."""
+
+    def __getitem__(self, key):
+        return _CheckingDeserializer(self.npz, self.path + key.strip('/') +
+                                     '/')
+
+    def __call__(self, key, value):
+        full = self.path + key.lstrip('/')
+        if full not in self.npz:
+            raise SnapshotKeyMissing(full, 'lacks {} (the trainer holds '
+                                     'it)'.format(full))
+        stored = self.npz[full]
+        want = _expected_kinds(value)
+        if stored.dtype.kind not in want:
+            raise SnapshotMismatchError(full, '{} is {}, expected {}'.format(
+                full, _describe(stored), _describe(value) if hasattr(
+                    value, 'dtype') else 'a ' + type(value).__name__))
+        if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
+            if stored.shape != value.shape or not numpy.can_cast(
+                    stored.dtype, value.dtype, 'same_kind'):
+                raise SnapshotMismatchError(
+                    full, '{} is {}, expected {}'.format(
+                        full, _describe(stored), _describe(value)))
+        elif value is not None and stored.ndim != 0:
+            raise SnapshotMismatchError(
+                full, '{} is {}, expected a scalar ({})'.format(
+                    full, _describe(stored), type(value).__name__))
+        return value
+
+
+def _expected_kinds(value):
+    """The NumPy dtype kinds a stored value for ``value`` may have."""
+    if isinstance(value, (str, bytes)):
+        return 'SU'
+    if isinstance(value, (bool, numpy.bool_)):
+        return 'b'
+    if isinstance(value, (int, numpy.integer)):
+        return 'biu'
+    if isinstance(value, (float, numpy.floating)):
+        return 'biuf'
+    if hasattr(value, 'dtype'):
+        return {'b': 'b', 'i': 'biu', 'u': 'biu', 'f': 'biuf',
+                'c': 'biufc'}.get(value.dtype.kind, value.dtype.kind)
+    return 'biufcSU'     # None or another type: any plain array
+
+
+def _update_rules(trainer):
+    """[(update rule, its state)] of every parameter the trainer's
+    optimizers update."""
+    rules = []
+    for opt in trainer.updater.get_all_optimizers().values():
+        for param in opt.target.params():
+            rule = getattr(param, 'update_rule', None)
+            if rule is not None:
+                rules.append((rule, rule._state))
+    return rules
+
+
+def load_checked(path, trainer):
+    """Loads the snapshot ``path`` into ``trainer`` after a dry run that
+    checks every value against the trainer (raises
+    :class:`SnapshotMismatchError`, having loaded nothing)."""
+    with numpy.load(path, allow_pickle=False) as npz:
+        # Chainer's UpdateRule.serialize sets its state to {} before asking
+        # for its entries: put back what a failed dry run left
+        rules = _update_rules(trainer)
+        try:
+            _CheckingDeserializer(npz).load(trainer)
+        except BaseException:
+            for rule, state in rules:
+                rule._state = state
+            raise
+        try:
+            chainer.serializers.NpzDeserializer(npz).load(trainer)
+        except (KeyError, TypeError, ValueError) as e:  # not seen by the dry run
+            raise SnapshotMismatchError('', 'does not load ({}: {})'.format(
+                type(e).__name__, e))
+
+
 def snapshot_candidates(folder):
     """The snapshot files of a run folder, newest first (existing ones)."""
     return [p for p in (os.path.join(folder, LATEST),
@@ -68,12 +185,19 @@ def load_with_fallback(trainer, folder, log=None):
     the decision taken are reported through ``log`` (default: stderr).
     """
     log = log or (lambda text: print(text, file=sys.stderr, flush=True))
-    tried = []
+    tried, mismatch = [], None
     for name in (LATEST, PREVIOUS):
         path = os.path.join(folder, name)
         problem = check_snapshot(path)
         if problem is None:
-            chainer.serializers.load_npz(path, trainer)
+            try:
+                load_checked(path, trainer)
+            except SnapshotMismatchError as e:
+                log('[resume] {}: {} does not fit this run: {}'.format(
+                    folder, name, e))
+                mismatch = mismatch or e
+                tried.append(name)
+                continue
             if tried:
                 log('[resume] {}: falling back to {} (iteration {})'.format(
                     folder, name, trainer.updater.iteration))
@@ -82,6 +206,13 @@ def load_with_fallback(trainer, folder, log=None):
             log('[resume] {}: {} is unreadable ({})'.format(folder, name,
                                                             problem))
         tried.append(name)
+    if mismatch is not None:
+        # a snapshot of another config: starting afresh would overwrite it
+        raise SnapshotMismatchError(mismatch.key, '{}: cannot resume: {} '
+                                    'does not fit this run ({}); the run '
+                                    'was not started and its snapshots are '
+                                    'kept (another config? --force starts '
+                                    'afresh)'.format(folder, LATEST, mismatch))
     log('[resume] {}: no readable snapshot ({}): starting afresh'.format(
         folder, ', '.join(tried)))
     return None

@@ -143,7 +143,7 @@ def test_grid_order_and_only_filter():
         'mode=adaptive:t_uf=1e-3,update_interval=10,seed=0'])
     assert [str(c.mode) for c in sel] == [
         'adaptive:t_uf=0.001,update_interval=10']
-    with pytest.raises(ValueError, match='bad --only mode=fixed:0'):
+    with pytest.raises(ValueError, match="bad --only mode='fixed:0'"):
         runner.select(STUDY.cells(cfg), ['mode=fixed:0'])
     with pytest.raises(ValueError, match='matches no run'):
         runner.select(cells, ['model=resnet20'])
