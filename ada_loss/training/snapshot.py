@@ -86,12 +86,13 @@ def _describe(array):
 
 class _CheckingDeserializer(chainer.serializers.NpzDeserializer):
     """A dry run of Chainer's NPZ deserializer: each value the trainer asks
-    for is checked against the file and the trainer's own value is given
-    back, so nothing is loaded (a half-loaded trainer could not try the
-    next snapshot cleanly). A value the trainer does not hold yet (None,
-    e.g. optimizer state before the first update) stays None, which every
-    Chainer ``serialize`` takes as "not in the snapshot, initialize later":
-    only its presence and dtype are checked."""
+    for is checked against the file. An array is given back as it is, not
+    overwritten; a scalar or text (which Chainer returns, converted) and a
+    value asked for as None (a reader: the random streams' state, optimizer
+    state before the first update) get the stored value, as from Chainer's.
+    The trainer may so take some values of a snapshot that then fails the
+    check; :func:`load_with_fallback` then loads another one in full or
+    stops the run."""
 
     def __getitem__(self, key):
         return _CheckingDeserializer(self.npz, self.path + key.strip('/') +
@@ -118,7 +119,17 @@ class _CheckingDeserializer(chainer.serializers.NpzDeserializer):
             raise SnapshotMismatchError(
                 full, '{} is {}, expected a scalar ({})'.format(
                     full, _describe(stored), type(value).__name__))
-        return value
+        if value is None:
+            return numpy.array(stored)
+        if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
+            return value        # checked above; the real load copies it in
+        try:    # a scalar or text: Chainer's conversion, which returns it
+            return super(_CheckingDeserializer, self).__call__(key, value)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise SnapshotMismatchError(full, '{} is {}, which does not fit '
+                                        'a {} ({})'.format(
+                                            full, _describe(stored),
+                                            type(value).__name__, e))
 
 
 def _expected_kinds(value):
@@ -159,10 +170,16 @@ def load_checked(path, trainer):
         rules = _update_rules(trainer)
         try:
             _CheckingDeserializer(npz).load(trainer)
-        except BaseException:
+        except BaseException as e:
             for rule, state in rules:
                 rule._state = state
-            raise
+            if isinstance(e, SnapshotMismatchError) or not isinstance(
+                    e, Exception):
+                raise
+            # a serialize method that could not use what the file holds
+            # (e.g. the random streams' state of corrupted text)
+            raise SnapshotMismatchError('', 'does not load ({}: {})'.format(
+                type(e).__name__, ' '.join(str(e).split())[:200])) from e
         try:
             chainer.serializers.NpzDeserializer(npz).load(trainer)
         except (KeyError, TypeError, ValueError) as e:  # not seen by the dry run
