@@ -52,7 +52,7 @@ def idx_files(draw):
     return data, draw(st.booleans())
 
 
-@settings(max_examples=examples(1000))
+@settings(max_examples=examples(500))
 @given(idx_files())
 def test_corrupted_idx_files_read_or_name_the_file(tmp_path_factory, case):
     data, compressed = case
@@ -95,7 +95,7 @@ def label_files(draw):
     return name, _mutate(draw, LABELS[name])
 
 
-@settings(max_examples=examples(1000))
+@settings(max_examples=examples(500))
 @given(label_files())
 def test_corrupted_labels_files_read_or_name_the_file(tmp_path_factory,
                                                       case):

@@ -173,7 +173,7 @@ def corrupted(draw):
     return bytes(data)
 
 
-@settings(max_examples=examples(1000))
+@settings(max_examples=examples(500))
 @given(corrupted())
 def test_corrupted_pickles_give_one_format_error(data):
     try:

@@ -131,7 +131,7 @@ def test_mutated_annotations_read_or_name_the_file(voc_root, tmp_path):
             sources.append(f.read())
     path = str(tmp_path / 'mutant.xml')
 
-    @settings(max_examples=examples(1000))
+    @settings(max_examples=examples(500))
     @given(_mutated(sources))
     def check(data):
         with open(path, 'wb') as f:

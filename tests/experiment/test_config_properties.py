@@ -202,7 +202,7 @@ def mutated_configs(draw):
     return name, path, how, raw
 
 
-@settings(max_examples=examples(1500))
+@settings(max_examples=examples(1000))
 @given(mutated_configs())
 def test_mutated_shipped_configs_load_or_name_the_key(case):
     name, path, how, raw = case

@@ -50,7 +50,7 @@ _numbers = st.one_of(st.integers(-10, 10 ** 6), st.floats(allow_nan=True),
                      st.text(max_size=4), st.none(), st.booleans())
 
 
-@settings(max_examples=examples(2000))
+@settings(max_examples=examples(1000))
 @given(kind=st.sampled_from(['current', 'delayed', 'mx', 'foo', '']),
        history=_numbers, margin=_numbers, block=_numbers,
        scale=st.sampled_from(['up', 'floor', 'UP', '', 'x']),

@@ -89,7 +89,7 @@ def test_modes_round_trip_or_say_why(text):
             assert not (isinstance(v, float) and math.isnan(v)), spec
 
 
-@settings(max_examples=examples(2000))
+@settings(max_examples=examples(1000))
 @given(mode_texts, PRECISIONS)
 def test_methods_build_or_name_the_option(text, precision):
     try:

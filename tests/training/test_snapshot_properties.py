@@ -4,7 +4,7 @@ renamed, or of another shape or dtype, either loads a snapshot that fits,
 starts afresh from an unreadable one (as before), or stops with a
 SnapshotMismatchError naming the key; never another exception, and the
 files on disk are never changed by loading. Fewer inputs than the string
-parsers (examples(400)): each builds a trainer."""
+parsers (examples(300)): each builds a trainer."""
 import io
 import os
 import zipfile
@@ -110,7 +110,7 @@ def _mutate_keys(data, mutation):
     return _npz(arrays), key
 
 
-@settings(max_examples=examples(400))
+@settings(max_examples=examples(300))
 @given(st.sampled_from(['file', 'keys']), _file_mutation, _key_mutation,
        st.booleans())
 def test_mutated_snapshots_load_fall_back_or_name_the_key(
