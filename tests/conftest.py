@@ -16,7 +16,7 @@ def voc_root(tmp_path_factory):
     return fixtures.make_vocdevkit(str(tmp_path_factory.mktemp('voc')))
 
 
-# -- Hypothesis profiles (the property tests of every parser, docs/reliability.md)
+# -- Hypothesis profiles (property tests of every parser, docs/reliability.md)
 # ``ci`` (the default): 10,000 generated inputs per string parser; the slower
 # properties (a whole command line, a snapshot file) take a fixed fraction of
 # it (:func:`property_helpers.examples`). ``nightly``: ten times as many.

@@ -182,7 +182,7 @@ def load_checked(path, trainer):
                 type(e).__name__, ' '.join(str(e).split())[:200])) from e
         try:
             chainer.serializers.NpzDeserializer(npz).load(trainer)
-        except (KeyError, TypeError, ValueError) as e:  # not seen by the dry run
+        except (KeyError, TypeError, ValueError) as e:  # past the dry run
             raise SnapshotMismatchError('', 'does not load ({}: {})'.format(
                 type(e).__name__, e))
 

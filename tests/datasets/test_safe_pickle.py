@@ -1,8 +1,9 @@
-"""The restricted unpickler of data files (:mod:`ada_loss.datasets.safe_pickle`)
-and CIFAR through it: a pickle whose loading would run code runs none (its
-side effect is asserted absent); real-layout CIFAR batches pickled as Python 2
-wrote them and as Python 3 / NumPy 2 write them (protocols 2-5) load; any
-truncated or bit-flipped file gives one DatasetFormatError naming the file."""
+"""The restricted unpickler of data files
+(:mod:`ada_loss.datasets.safe_pickle`) and CIFAR through it: a pickle whose
+loading would run code runs none (its side effect is asserted absent);
+real-layout CIFAR batches pickled as Python 2 wrote them and as Python 3 /
+NumPy 2 write them (protocols 2-5) load; any truncated or bit-flipped file
+gives one DatasetFormatError naming the file."""
 import os
 import pickle
 import struct
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_cifar import _rows, make_cifar10  # NOQA: E402
 
 
-# -- Python 2's cPickle (protocol 2), written opcode by opcode ------------------
+# -- Python 2's cPickle (protocol 2), written opcode by opcode ----------------
 def _py2_str(s):
     """A Python 2 ``str`` (bytes): SHORT_BINSTRING / BINSTRING."""
     if isinstance(s, str):

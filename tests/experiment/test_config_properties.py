@@ -136,7 +136,8 @@ CELLS = _grid_cells()
 FIELDS = list(CELLS[0]._fields)
 _only_value = st.sampled_from(sorted({str(getattr(c, f)) for c in CELLS
                                       for f in FIELDS}) + [
-    'ADAPTIVE', 'fixed:128.0', 'fixed:54321.125', 'fixed:54321.1', 'x', '', '1.5', 'true',
+    'ADAPTIVE', 'fixed:128.0', 'fixed:54321.125', 'fixed:54321.1', 'x', '',
+    '1.5', 'true',
     'fp8:recipe=delayed,history=-1', 'mxfp8:block=0']) | st.text(
     max_size=8)
 _only_item = st.builds('{}={}'.format, st.sampled_from(FIELDS + [
@@ -161,7 +162,7 @@ def test_only_filters_select_or_say_why(text):
     assert set(chosen) <= set(runner.select(CELLS, [again]))
 
 
-# -- whole YAML configs, mutated ---------------------------------------------------
+# -- whole YAML configs, mutated ------------------------------------------
 def _leaves(raw, prefix=()):
     for k, v in raw.items():
         if isinstance(v, dict) and v:
