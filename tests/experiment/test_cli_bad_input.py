@@ -143,3 +143,33 @@ _only = st.builds('{}={}'.format, st.sampled_from(
 def test_bad_command_lines_end_in_one_error_line(workdir, args):
     argv = [a for pair in args for a in pair]
     _check(argv, workdir)
+
+
+def test_resume_into_another_model_stops_and_keeps_the_snapshot(
+        tiny_config, out_dir):
+    """--resume of a run whose snapshot does not fit (another width): one
+    error line naming the key, exit 2, the snapshots byte for byte as they
+    were (starting afresh would have overwritten them)."""
+    from ada_loss.experiment.studies.classification import STUDY as REAL
+    path = tiny_config()
+    assert main(REAL, ['--config', path, '--out', out_dir, '--no-table']) == 0
+    folder, = [os.path.join(out_dir, 'tiny', n)
+               for n in os.listdir(os.path.join(out_dir, 'tiny'))
+               if not n.startswith('.')]
+    snaps = {n: open(os.path.join(folder, n), 'rb').read()
+             for n in os.listdir(folder) if n.startswith('snapshot_')}
+    assert 'snapshot_latest' in snaps
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(REAL, ['--config', path, '--out', out_dir,
+                             '--no-table', '--resume',
+                             '--set', 'train.max_iterations=4',
+                             '--set', 'model.width=8'])
+    assert status == 2
+    lines = [l for l in err.getvalue().splitlines()
+             if not l.startswith('[resume]')]
+    assert len(lines) == 1 and lines[0].startswith('error: '), lines
+    assert 'cannot resume' in lines[0] and '/W is float32' in lines[0]
+    for name, data in snaps.items():
+        with open(os.path.join(folder, name), 'rb') as f:
+            assert f.read() == data, name
