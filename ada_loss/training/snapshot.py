@@ -163,7 +163,7 @@ def _update_rules(trainer):
 def load_checked(path, trainer):
     """Loads the snapshot ``path`` into ``trainer`` after a dry run that
     checks every value against the trainer (raises
-    :class:`SnapshotMismatchError`, having loaded nothing)."""
+    :class:`SnapshotMismatchError` before any array is copied in)."""
     with numpy.load(path, allow_pickle=False) as npz:
         # Chainer's UpdateRule.serialize sets its state to {} before asking
         # for its entries: put back what a failed dry run left
@@ -200,6 +200,10 @@ def load_with_fallback(trainer, folder, log=None):
     ``snapshot_previous``) or ``None`` (nothing readable: the trainer is
     left as built, i.e. the run starts afresh). Every unreadable file and
     the decision taken are reported through ``log`` (default: stderr).
+
+    Raises:
+        SnapshotMismatchError: readable snapshots exist but none fits the
+            trainer (they are left as they are).
     """
     log = log or (lambda text: print(text, file=sys.stderr, flush=True))
     tried, mismatch = [], None
