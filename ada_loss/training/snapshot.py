@@ -73,6 +73,9 @@ class SnapshotMismatchError(ValueError):
     def __str__(self):
         return self.args[0]
 
+    def __reduce__(self):   # from a --jobs worker to the parent process
+        return type(self), (self.key, self.args[0])
+
 
 class SnapshotKeyMissing(SnapshotMismatchError, KeyError):
     """A key the trainer holds is not in the snapshot. A KeyError too, as

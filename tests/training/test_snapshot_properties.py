@@ -7,6 +7,7 @@ files on disk are never changed by loading. Fewer inputs than the string
 parsers (examples(300)): each builds a trainer."""
 import io
 import os
+import pickle
 import zipfile
 
 import chainer
@@ -156,6 +157,10 @@ def test_a_snapshot_of_another_model_is_refused_by_key(tmp_path, valid):
     assert 'float32 of shape (5, 3), expected float32 of shape (2, 3)' in \
         str(e.value)
     assert 'snapshots are kept' in str(e.value)
+    # it crosses from a --jobs worker to the parent intact
+    again = pickle.loads(pickle.dumps(e.value))
+    assert (type(again), again.key, str(again)) == (
+        type(e.value), e.value.key, str(e.value))
 
 
 def test_a_snapshot_holding_a_pickle_is_not_loaded(tmp_path, valid):
