@@ -13,6 +13,7 @@ import warnings
 
 from hypothesis import given, settings, strategies as st
 
+from ada_loss.experiment.config import ConfigError, FixedScale
 from ada_loss.scaling import make_loss_scaling, parse_mode
 from ada_loss.scaling.modes import _allowed_options
 
@@ -114,21 +115,20 @@ def test_methods_build_or_name_the_option(text, precision):
                  st.text(max_size=5),
                  st.integers(10 ** 300, 10 ** 320)))
 def test_fixed_scales_are_positive_finite_or_refused(scale):
-    from ada_loss.experiment.config import ConfigError, FixedScale
+    """``grid.fixed_scales`` (:class:`FixedScale`): a positive finite
+    scale whose mode text ``fixed:S`` names it exactly, or a ConfigError."""
     try:
         s = FixedScale.parse(scale, 'grid.fixed_scales[0]')
     except ConfigError as e:
         assert_specific(e, "'grid.fixed_scales[0]'")
     else:
         assert isinstance(s, float) and 0 < s < math.inf
-        assert parse_mode(str(parse_mode('fixed:{!r}'.format(s)))) == \
-            parse_mode('fixed:{!r}'.format(s))
-        assert parse_mode(str(parse_mode('fixed:{!r}'.format(
-            s)))).options['scale'] == s
+        spec = parse_mode('fixed:{!r}'.format(s))
+        again = parse_mode(str(spec))
+        assert again == spec and again.options['scale'] == s
 
 
 def test_a_fixed_scale_of_thousands_of_digits_is_refused_by_key():
-    from ada_loss.experiment.config import ConfigError, FixedScale
     try:
         FixedScale.parse(10 ** 5000, 'grid.fixed_scales[0]')
     except ConfigError as e:
