@@ -33,7 +33,7 @@ setup(
         'tensorboard',
     ],
     extras_require={
-        'test': ['pytest'],
+        'test': ['pytest', 'hypothesis'],
         'mpi': ['mpi4py', 'openmpi'],
         # CuPy 14 (no cuDNN) through ada_loss/_chainer_compat.py; see the
         # README's GPU section (scripts/wheelhouse.sh, scripts/gpu_check.sh).

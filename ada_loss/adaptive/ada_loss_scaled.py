@@ -11,6 +11,8 @@ from ada_loss.formats import get_format
 from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.fit import top_binade_scale
+from ada_loss.loss_scale.checks import (
+    in_open_unit, optional_at_least_one, positive_int)
 from ada_loss.loss_scale.gemm import (
     authors_caps, authors_raw_scale, authors_round_pow2, bound_gain,
     check_bound, check_scale, gemm_loss_scale, loss_gradient_scale, max_abs,
@@ -115,22 +117,15 @@ class AdaLossScaled(object):
                              "or 'amax', got {!r}".format(init_scale))
         if not self.auto_init:
             check_scale(init_scale, 'init_scale')
-        if not 0 < t_uf < 1:
-            raise ValueError('t_uf must be in (0, 1), got {!r}'.format(t_uf))
-        if int(update_interval) != update_interval or update_interval < 1:
-            raise ValueError('update_interval must be a positive integer, got '
-                             '{!r}'.format(update_interval))
+        in_open_unit('t_uf', t_uf)
+        positive_int('update_interval', update_interval)
         for name, cap in (('max_layer_scale', max_layer_scale),
                           ('max_accum_scale', max_accum_scale)):
-            if cap is not None and not cap >= 1:
-                raise ValueError('{} must be None or >= 1, got {!r}'
-                                 .format(name, cap))
+            optional_at_least_one(name, cap)
         if not isinstance(guard, bool):
             raise ValueError('guard must be true or false, got {!r}'
                              .format(guard))
-        if int(backoff_window) != backoff_window or backoff_window < 1:
-            raise ValueError('backoff_window must be a positive integer, got '
-                             '{!r}'.format(backoff_window))
+        positive_int('backoff_window', backoff_window)
         self.model = model
         self.init_scale = 1.0 if self.auto_init else float(init_scale)
         self.t_uf = float(t_uf)

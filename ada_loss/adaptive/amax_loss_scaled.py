@@ -14,6 +14,7 @@ import numpy
 
 from ada_loss.adaptive.ada_loss_scaled import AdaLossScaled
 from ada_loss.loss_scale.amax import amax_loss_scale, check_margin
+from ada_loss.loss_scale.checks import positive_int
 from ada_loss.loss_scale.gemm import max_abs
 
 
@@ -52,9 +53,7 @@ class AmaxLossScaled(AdaLossScaled):
             raise ValueError("amax: init_scale must be a positive number "
                              "('auto' is an option of adaptive), got {!r}"
                              .format(init_scale))
-        if int(history) != history or history < 1:
-            raise ValueError('history must be a positive integer, got {!r}'
-                             .format(history))
+        positive_int('history', history)
         self.margin = check_margin(margin)
         self.history = int(history)
         self._amax = {}

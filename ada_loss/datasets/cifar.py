@@ -18,10 +18,12 @@ official pickles come from Python 2 and are read with ``encoding='latin1'``
 keys (``b'data'``). Both are accepted. The number of training batches and of
 rows per batch is read from the files, not assumed.
 
-Pickles can run code when loaded: only point the loader at files you trust.
+The pickles are read by a restricted unpickler
+(:mod:`ada_loss.datasets.safe_pickle`): a file that names anything but the
+arrays, lists, dicts, text and numbers of this layout is refused unloaded,
+so a data file cannot run code.
 """
 import os
-import pickle
 import posixpath
 import re
 import tarfile
@@ -31,6 +33,7 @@ import numpy
 from ada_loss.datasets.errors import DatasetFormatError
 from ada_loss.datasets.errors import DatasetNotFoundError
 from ada_loss.datasets.image_label_dataset import ImageLabelDataset
+from ada_loss.datasets import safe_pickle
 
 #: Environment variable consulted when ``get_cifar`` gets no ``root``.
 CIFAR_ROOT_ENV = 'ADA_LOSS_CIFAR_ROOT'
@@ -174,14 +177,13 @@ class _Files(object):
         try:
             if isinstance(item, str):
                 with open(item, 'rb') as f:
-                    return pickle.load(f, encoding='latin1')
-            return pickle.loads(item, encoding='latin1')
-        except OSError:
-            raise
-        except Exception as e:
-            raise DatasetFormatError('{} is not a readable CIFAR pickle ({}: {})'
-                                     .format(self.where(name),
-                                             type(e).__name__, e)) from e
+                    return safe_pickle.load(f)
+            return safe_pickle.loads(item)
+        except DatasetFormatError as e:     # no code of it ran
+            raise type(e)('{} is not a CIFAR pickle: it {}'.format(
+                self.where(name), e) if isinstance(
+                    e, safe_pickle.UnsafePickleError) else
+                '{} is {}'.format(self.where(name), e)) from e
 
 
 def _find_files(spec, root):

@@ -13,6 +13,8 @@ The first four bytes read as a big-endian integer are the "magic number":
 (0x00000801) for uint8 label vectors (N,).
 """
 import gzip
+import math
+import zlib
 
 import numpy
 
@@ -20,6 +22,10 @@ from ada_loss.datasets.errors import DatasetFormatError
 
 IDX_IMAGES_MAGIC = 2051
 IDX_LABELS_MAGIC = 2049
+
+#: the largest IDX file read (MNIST-like sets are tens of MB; a larger
+#: one, or a gzip stream inflating beyond it, is refused unread)
+MAX_BYTES = 1 << 31
 
 _TYPES = {0x08: '>u1', 0x09: '>i1', 0x0B: '>i2', 0x0C: '>i4', 0x0D: '>f4',
           0x0E: '>f8'}
@@ -54,7 +60,9 @@ def parse_idx(buf, expected_magic=None, name='IDX data'):
         raise DatasetFormatError('{}: truncated IDX header'.format(name))
     shape = tuple(int(d) for d in numpy.frombuffer(buf, '>u4', ndim, 4))
     dtype = numpy.dtype(_TYPES[buf[2]])
-    expected = int(numpy.prod(shape)) * dtype.itemsize
+    # Python's product: NumPy's would wrap around in int64 for a forged
+    # header and could then match the data's size
+    expected = math.prod(shape) * dtype.itemsize
     if len(buf) - header != expected:
         raise DatasetFormatError('{}: {} data bytes for shape {} of {}, '
                                  'expected {}'.format(name, len(buf) - header,
@@ -67,13 +75,14 @@ def read_idx(path, expected_magic=None):
     """Reads an IDX file, gzip-compressed if its name ends with ``.gz``."""
     path = str(path)
     try:
-        if path.endswith('.gz'):
-            with gzip.open(path, 'rb') as f:
-                buf = f.read()
-        else:
-            with open(path, 'rb') as f:
-                buf = f.read()
-    except (gzip.BadGzipFile, EOFError) as e:
+        opener = gzip.open if path.endswith('.gz') else open
+        with opener(path, 'rb') as f:
+            buf = f.read(MAX_BYTES + 1)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DatasetFormatError('{} is not a readable gzip file ({})'.format(
             path, e)) from e
+    if len(buf) > MAX_BYTES:    # e.g. a gzip bomb: not read further
+        raise DatasetFormatError('{}: more than {} bytes of data, expected '
+                                 'an IDX file of at most that'.format(
+                                     path, MAX_BYTES))
     return parse_idx(buf, expected_magic, name=path)

@@ -109,7 +109,7 @@ def read_val_labels(path, label_names=None):
 
     def label_of(token, where):
         token = token.strip()
-        if token.lstrip('-').isdigit():
+        if token.lstrip('-').isdecimal():     # isdigit() admits '²'
             value = int(token)
             if label_names and not 0 <= value < len(label_names):
                 raise DatasetFormatError('{}: class index {} out of range '
@@ -122,9 +122,23 @@ def read_val_labels(path, label_names=None):
                 .format(where, token))
         return index[token]
 
+    try:
+        return _read_val_labels(path, label_of)
+    except UnicodeDecodeError as e:
+        raise DatasetFormatError('{}: not UTF-8 text (byte {} at offset {}); '
+                                 'expected lines "<file name> <label>"'
+                                 .format(path, e.object[e.start:e.start + 1],
+                                         e.start)) from e
+    except csv.Error as e:
+        raise DatasetFormatError('{}: not a readable CSV file ({}); expected '
+                                 'columns ImageId,PredictionString'.format(
+                                     path, e)) from e
+
+
+def _read_val_labels(path, label_of):
     labels = {}
     if path.lower().endswith('.csv'):
-        with open(path, newline='') as f:
+        with open(path, newline='', encoding='utf-8') as f:
             reader = csv.DictReader(f)
             if not {'ImageId', 'PredictionString'} <= set(
                     reader.fieldnames or ()):
@@ -132,14 +146,16 @@ def read_val_labels(path, label_names=None):
                     '{}: expected columns ImageId,PredictionString'.format(
                         path))
             for n, row in enumerate(reader, 2):
-                pred = row['PredictionString'].split()
-                if not pred:
-                    raise DatasetFormatError('{}:{}: empty PredictionString'
-                                             .format(path, n))
+                # a short row holds None in its missing columns
+                pred = (row['PredictionString'] or '').split()
+                if not pred or not row['ImageId']:
+                    raise DatasetFormatError('{}:{}: empty ImageId or '
+                                             'PredictionString'.format(path,
+                                                                       n))
                 labels[row['ImageId']] = label_of(
                     pred[0], '{}:{}'.format(path, n))
         return {_stem(k): v for k, v in labels.items()}
-    with open(path) as f:
+    with open(path, encoding='utf-8') as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -22,11 +22,11 @@ import os
 from chainercv.chainer_experimental.datasets.sliceable import \
     ConcatenatedDataset
 from chainercv.datasets import VOCBboxDataset
-from chainercv.datasets import voc_bbox_label_names
 
 from ada_loss.datasets.errors import DatasetNotFoundError
+from ada_loss.datasets.voc_annotation import (  # NOQA: F401 (re-exported)
+    VOC_LABEL_NAMES, read_annotation)
 
-VOC_LABEL_NAMES = tuple(voc_bbox_label_names)
 VOC_ROOT_ENV = 'ADA_LOSS_VOC_ROOT'
 
 _LAYOUT = ('expected the PASCAL VOC layout <root>/VOCdevkit/VOC<year>/'
@@ -68,9 +68,20 @@ def voc_bbox_dataset(root, year, split, use_difficult=False,
     if missing:
         raise _not_found('VOC{} {} is incomplete: missing {}'.format(
             year, split, ', '.join(missing)))
-    return VOCBboxDataset(data_dir=data_dir, split=split, year=str(year),
-                          use_difficult=use_difficult,
-                          return_difficult=return_difficult)
+    return CheckedVOCBboxDataset(data_dir=data_dir, split=split,
+                                 year=str(year), use_difficult=use_difficult,
+                                 return_difficult=return_difficult)
+
+
+class CheckedVOCBboxDataset(VOCBboxDataset):
+    """ChainerCV's ``VOCBboxDataset`` whose annotations are read by
+    :func:`~ada_loss.datasets.voc_annotation.read_annotation` (no DOCTYPE
+    or entities; each bad file a DatasetFormatError naming it)."""
+
+    def _get_annotations(self, i):
+        return read_annotation(
+            os.path.join(self.data_dir, 'Annotations', self.ids[i] + '.xml'),
+            self.use_difficult)
 
 
 def get_voc_detection_train(root, years=('2007', '2012'), split='trainval'):

@@ -37,6 +37,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import typing
 
 import yaml
@@ -49,10 +50,13 @@ from ada_loss.precision import PRECISION_HELP, Precision, parse_precision
 
 
 class ConfigError(ValueError):
-    """A bad configuration: ``key`` is the dotted key at fault."""
+    """A bad configuration: ``key`` is the dotted key at fault.
+    ``generic``: the message only says what type was expected (:func:`fail`),
+    not a specific reason (a wrapper such as ``Optional`` may restate it)."""
 
-    def __init__(self, key, message):
+    def __init__(self, key, message, generic=False):
         self.key = key
+        self.generic = generic
         super(ConfigError, self).__init__(
             'config key {!r}: {}'.format(key, message) if key else message)
 
@@ -60,7 +64,7 @@ class ConfigError(ValueError):
 def fail(key, expected, value):
     """Raises the ConfigError of a value that is not ``expected``."""
     raise ConfigError(key, 'expected {}, got {!r} ({})'.format(
-        expected, value, type(value).__name__))
+        expected, value, type(value).__name__), generic=True)
 
 
 def setting(default, doc, **constraints):
@@ -107,7 +111,13 @@ class FixedScale(object):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             fail(key, FixedScale.expected, value)
         try:
-            return parse_mode('fixed:{!r}'.format(value)).options['scale']
+            # float first: repr of an int of thousands of digits fails
+            return parse_mode('fixed:{!r}'.format(float(value))
+                              ).options['scale']
+        except OverflowError:
+            raise ConfigError(key, 'the scale S of fixed:S must be a '
+                              'positive finite number, got an integer of '
+                              '{} bits'.format(value.bit_length()))
         except ValueError as e:
             raise ConfigError(key, str(e))
 
@@ -151,7 +161,7 @@ class Dataset(object):
 
     @staticmethod
     def parse(value, key):
-        if value not in DATASETS:
+        if not isinstance(value, str) or value not in DATASETS:
             fail(key, Dataset.expected, value)
         return value
 
@@ -278,7 +288,9 @@ def check_value(tp, meta, value, key):
         try:
             return check_value(inner, meta, value, key)
         except ConfigError as e:
-            if e.key == key and ' or null' not in str(e):
+            # restate a type mismatch with "or null"; a specific reason
+            # (e.g. "block must be an integer ≥ 1, got 0") is kept as is
+            if e.key == key and e.generic and ' or null' not in str(e):
                 fail(key, expected_text(tp, meta), value)
             raise
     if origin is list:
@@ -321,6 +333,11 @@ def check_value(tp, meta, value, key):
             try:
                 value = float(value)
             except ValueError:
+                fail(key, expected_text(tp, meta), value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                value = float(value)
+            except OverflowError:   # an int beyond float's range
                 fail(key, expected_text(tp, meta), value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or (
@@ -412,6 +429,30 @@ def _deep_merge(base, top):
     return out
 
 
+def _short(text, limit=60):
+    """``repr(text)``, cut in the middle when longer than ``limit``."""
+    if len(text) <= limit:
+        return repr(text)
+    return '{!r}...{!r} ({} characters)'.format(text[:limit // 2],
+                                                text[-10:], len(text))
+
+
+def yaml_reason(error):
+    """A YAML error in one line: the problem and where (PyYAML's text
+    spans several lines, and an ``error:`` line is one)."""
+    if not isinstance(error, yaml.YAMLError):
+        if 'integer string conversion' in str(error):
+            return 'an integer of more than {} digits'.format(
+                sys.get_int_max_str_digits())
+        return ' '.join(str(error).split())
+    problem = getattr(error, 'problem', None) or str(error)
+    mark = getattr(error, 'problem_mark', None)
+    if mark is not None:
+        problem += ' (line {}, column {})'.format(mark.line + 1,
+                                                  mark.column + 1)
+    return ' '.join(problem.split())
+
+
 def read_yaml(path, _seen=()):
     """A YAML config file as a raw dict; ``extends: other.yaml`` (relative to
     the file) loads that file first and merges this one over it."""
@@ -424,9 +465,10 @@ def read_yaml(path, _seen=()):
     except OSError as e:
         raise ConfigError('', 'cannot read config file {}: {}'.format(
             path, e.strerror))
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError) as e:
+        # ValueError: PyYAML's int() of a number of thousands of digits
         raise ConfigError('', 'config file {} is not valid YAML: {}'.format(
-            path, e))
+            path, yaml_reason(e)))
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError('', 'config file {} must hold a mapping'.format(
@@ -453,9 +495,10 @@ def parse_override(text):
                           'section.key=value, e.g. train.lr=0.05'.format(text))
     try:
         value = yaml.safe_load(m.group(2)) if m.group(2).strip() else None
-    except yaml.YAMLError as e:
-        raise ConfigError(m.group(1), 'override value {!r} is not valid '
-                          'YAML: {}'.format(m.group(2), e))
+    except (yaml.YAMLError, ValueError) as e:
+        raise ConfigError(m.group(1), 'override value {} is not valid '
+                          'YAML: {}'.format(_short(m.group(2)),
+                                            yaml_reason(e)))
     return m.group(1).split('.'), value
 
 

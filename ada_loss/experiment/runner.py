@@ -43,7 +43,8 @@ import time
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.training.distributed import create_communicator
-from ada_loss.training.snapshot import snapshot_candidates
+from ada_loss.training.snapshot import (SnapshotMismatchError,
+                                         snapshot_candidates)
 
 
 class Study(object):
@@ -133,17 +134,23 @@ class Study(object):
 
 
 # -- --only -------------------------------------------------------------------------
+#: the value types of --only keys named alike in every study
+_ONLY_TYPES = {'mode': C.Mode, 'precision': C.PrecisionName}
+
+
 def _normalize(key, value, example, parsed=None):
     """A ``--only`` value as the cells hold it: parsed as the config parses
     the cells' values (``parsed``, or a mode, a precision:
     :func:`C.value_type_of`), or as a bool, int or float like the cells'
     values."""
-    parsed = parsed or C.value_type_of(example)
+    # a key whose cells hold None (a grid without precisions) still parses
+    # its values, so that a bad one is named with its reason
+    parsed = parsed or C.value_type_of(example) or _ONLY_TYPES.get(key)
     if parsed is not None:
         try:
             return parsed.parse(value, key)
         except C.ConfigError as e:
-            raise ValueError('bad --only {}={}: {}'.format(
+            raise ValueError('bad --only {}={!r}: {}'.format(
                 key, value, str(e).split(': ', 1)[-1]))
     if isinstance(example, bool):
         if value.lower() in ('true', 'yes', '1'):
@@ -182,7 +189,8 @@ def parse_only(text, cells, aliases=None, types=None):
             last = key
             filters.setdefault(key, []).append(value.strip())
         elif last is not None and token.strip() and getattr(
-                C.value_type_of(getattr(cells[0], last)), 'commas', False):
+                C.value_type_of(getattr(cells[0], last))
+                or _ONLY_TYPES.get(last), 'commas', False):
             filters[last][-1] += ',' + token.strip()
         elif token.strip():
             raise ValueError('bad --only item {!r}: expected key=value with '
@@ -580,8 +588,9 @@ def main(study, argv=None, default_config=None, description=None,
         try:
             run_cells(study, cfg, cells, args.out, args.resume, args.force,
                       comm, args.jobs, cache=cache, plan=plan)
-        except (RunFolderLocked, C.ConfigError, PermissionError) as e:
-            return _error(e)                 # lock; ranks; permissions
+        except (RunFolderLocked, C.ConfigError, PermissionError,
+                SnapshotMismatchError) as e:
+            return _error(e)          # lock; ranks; permissions; --resume
         except KeyboardInterrupt:
             print('\ninterrupted: the run stopped at its last snapshot (its '
                   'run.json says "interrupted"); the same command with '

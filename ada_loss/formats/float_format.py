@@ -227,7 +227,9 @@ def _make(name):
                            _ml('float4_e2m1fn'))
     match = re.fullmatch(r'e(\d+)m(\d+)', name)
     if match:
-        e, m = int(match.group(1)), int(match.group(2))
+        # a run of thousands of digits is no format (and beyond int()'s
+        # limit for text): as out of range as e9m0
+        e, m = (int(g) if len(g) <= 6 else 10 ** 6 for g in match.groups())
         if 2 <= e <= 8 and 0 <= m <= 23:
             if (e, m) == (8, 23):
                 return _make('float32')
@@ -261,18 +263,21 @@ def get_format(fmt):
     """
     if isinstance(fmt, FloatFormat):
         return fmt
+    given = fmt
     if not isinstance(fmt, str):
         try:
             fmt = numpy.dtype(fmt).name
-        except TypeError:
+        except Exception:   # NumPy raises TypeError, ValueError, ... here
             raise ValueError('unknown floating-point format {!r}; expected {}'
                              .format(fmt, _ACCEPTED))
     key = fmt.strip().lower()
     if key not in _CACHE:
         f = _make(ML_DTYPES_NAMES.get(key, key))
         if f is None:
-            raise ValueError('unknown floating-point format {!r}; expected {}'
-                             .format(fmt, _ACCEPTED))
+            raise ValueError('unknown floating-point format {!r}{}; expected '
+                             '{}'.format(given, '' if given is fmt else
+                                         ' (NumPy {})'.format(fmt),
+                                         _ACCEPTED))
         # one object per format (e8m23 is float32)
         _CACHE[key] = _CACHE.setdefault(f.name, f)
     return _CACHE[key]

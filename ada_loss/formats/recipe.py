@@ -49,6 +49,11 @@ ROLES = ('x', 'w', 'gy')
 #: where the incoming gradient's scale comes from: the recipe, or loss
 #: scaling (gy rounded unscaled into the backward element format)
 GRAD_SCALES = ('scaled', 'loss')
+#: the longest delayed amax history (one float32 per step, role and layer;
+#: TE's default is 1024): a longer one is a typo that would fill memory
+MAX_HISTORY = 2 ** 20
+#: margins whose 2^margin is a normal float32 (the scale is divided by it)
+MARGIN_RANGE = (-126, 127)
 #: formats a GEMM's outputs may be rounded to (TE: BF16 or FP32 outputs)
 OUTPUT_FORMATS = ('float32', 'bfloat16')
 
@@ -104,15 +109,9 @@ def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
     if kind not in RECIPES:
         raise ValueError('recipe must be one of {}, got {!r}'.format(
             ', '.join(RECIPES), kind))
-    if int(history) != history or history < 1:
-        raise ValueError('history must be an integer ≥ 1, got {!r}'.format(
-            history))
-    if int(margin) != margin:
-        raise ValueError('margin must be an integer, got {!r}'.format(
-            margin))
-    if int(block_size) != block_size or block_size < 1:
-        raise ValueError('block must be an integer ≥ 1, got {!r}'.format(
-            block_size))
+    history = _integer('history', history, 1, MAX_HISTORY)
+    margin = _integer('margin', margin, *MARGIN_RANGE)
+    block_size = _integer('block', block_size, 1, None)
     if scale_rounding not in SCALE_ROUNDINGS:
         raise ValueError('scale must be one of {}, got {!r}'.format(
             ', '.join(SCALE_ROUNDINGS), scale_rounding))
@@ -123,9 +122,22 @@ def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
     if out.canonical_name not in OUTPUT_FORMATS:
         raise ValueError('out must be one of {}, got {!r}'.format(
             ', '.join(OUTPUT_FORMATS), str(out)))
-    return GemmRecipe(kind, get_format(fwd), get_format(bwd), int(history),
-                      int(margin), bool(pow2), int(block_size),
-                      scale_rounding, out, grad)
+    return GemmRecipe(kind, get_format(fwd), get_format(bwd), history,
+                      margin, bool(pow2), block_size, scale_rounding, out,
+                      grad)
+
+
+def _integer(name, value, low, high):
+    """``value`` as an int in [low, high] (``high`` None: unbounded), else a
+    ValueError naming the option and the range."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) \
+        and (isinstance(value, int) or value.is_integer()) \
+        and value >= low and (high is None or value <= high)
+    if not ok:
+        raise ValueError('{} must be an integer {}, got {!r}'.format(
+            name, '≥ {}'.format(low) if high is None else
+            'in {}..{}'.format(low, high), value))
+    return int(value)
 
 
 class GemmScaling(object):

@@ -15,14 +15,13 @@ bound of :mod:`ada_loss.loss_scale.gemm`), so the first step cannot overflow.
 import math
 
 from ada_loss.formats import get_format
+from ada_loss.loss_scale.checks import nonnegative_int
 from ada_loss.loss_scale.gemm import round_down_pow2
 
 
 def check_margin(margin):
-    if int(margin) != margin or margin < 0:
-        raise ValueError('margin must be an integer >= 0 (a power-of-two '
-                         'safety factor 2^margin), got {!r}'.format(margin))
-    return int(margin)
+    return nonnegative_int('margin', margin, ' (a power-of-two safety '
+                           'factor 2^margin)')
 
 
 def amax_loss_scale(amax, alpha, fmt='float16', margin=0):

@@ -37,6 +37,11 @@ import math
 
 import numpy
 
+from ada_loss.loss_scale.checks import (
+    factor_above_one as _factor_above_one,
+    in_open_unit as _factor_below_one, positive_finite as _positive_finite,
+    positive_float32, positive_int as _positive_int)
+
 STYLES = ('pytorch', 'chainer', 'tf')
 
 _F32_MAX = float(numpy.finfo(numpy.float32).max)
@@ -53,42 +58,6 @@ def _f32_grown(x):
     "overflow encountered in cast" would only report the expected."""
     with numpy.errstate(over='ignore'):
         return float(numpy.float32(x))
-
-
-def _positive_finite(name, value):
-    if isinstance(value, bool) or not (
-            isinstance(value, (int, float, numpy.number))
-            and value > 0 and math.isfinite(value)):
-        raise ValueError('{} must be a positive finite number, got {!r}'
-                         .format(name, value))
-    return float(value)
-
-
-def _factor_above_one(name, value):
-    if isinstance(value, bool) or not (
-            isinstance(value, (int, float, numpy.number))
-            and value > 1 and math.isfinite(value)):
-        # an infinite factor would make every later step overflow
-        raise ValueError('{} must be a finite number > 1, got {!r}'
-                         .format(name, value))
-    return float(value)
-
-
-def _factor_below_one(name, value):
-    if isinstance(value, bool) or not (
-            isinstance(value, (int, float, numpy.number))
-            and 0 < value < 1):
-        raise ValueError('{} must be in (0, 1), got {!r}'.format(name, value))
-    return float(value)
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(
-            value, (int, float, numpy.number)) or not (
-            math.isfinite(value) and int(value) == value and value >= 1):
-        raise ValueError('{} must be a positive integer, got {!r}'
-                         .format(name, value))
-    return int(value)
 
 
 class _Style(object):
@@ -152,7 +121,7 @@ class DynamicLossScale(_Style):
     def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0,
                  backoff_factor=0.5, growth_interval=2000,
                  min_scale=None, max_scale=None):
-        self.scale = _f32(_positive_finite('init_scale', init_scale))
+        self.scale = _f32(positive_float32('init_scale', init_scale))
         self.growth_factor = _factor_above_one('growth_factor',
                                                growth_factor)
         self.backoff_factor = _factor_below_one('backoff_factor',
@@ -256,7 +225,7 @@ class TFLossScale(_Style):
     def __init__(self, init_scale=2.0 ** 32, incr_every_n_steps=1000,
                  decr_every_n_nan_or_inf=2, incr_ratio=2.0, decr_ratio=0.5,
                  min_scale=1.0, max_scale=None):
-        self.scale = _f32(_positive_finite('init_scale', init_scale))
+        self.scale = _f32(positive_float32('init_scale', init_scale))
         self.incr_every_n_steps = _positive_int('incr_every_n_steps',
                                                 incr_every_n_steps)
         self.decr_every_n_nan_or_inf = _positive_int(

@@ -60,6 +60,7 @@ import numpy
 from ada_loss.formats import get_format
 from ada_loss.formats.quantize import array_module as _xp
 from ada_loss.formats.widen import widen
+from ada_loss.loss_scale.checks import positive_finite
 
 BOUNDS = ('output', 'product', 'fan_in', 'gauss')
 
@@ -148,9 +149,7 @@ def is_power_of_two(x):
 def check_scale(scale, name):
     """Validates a user-given loss scale; warns unless it is a power of two
     (only then are scaling and unscaling exact, §3.2.3). Returns a float."""
-    if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError('{} must be a positive finite number, got {!r}'
-                         .format(name, scale))
+    scale = positive_finite(name, scale)
     if not is_power_of_two(scale):
         warnings.warn('{} {:g} is not a power of two: scaling and unscaling '
                       'are not exact'.format(name, scale))
@@ -239,7 +238,7 @@ def bound_gain(func, W, bound):
 
 
 def check_bound(bound):
-    if bound not in BOUNDS:
+    if not isinstance(bound, str) or bound not in BOUNDS:
         raise ValueError('unknown overflow bound {!r}; expected one of: {}'
                          .format(bound, ', '.join(BOUNDS)))
     return bound

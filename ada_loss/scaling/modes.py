@@ -36,7 +36,11 @@ class LossScalingSpec(collections.namedtuple('LossScalingSpec',
 
     def __str__(self):
         if self.name == 'fixed':
-            return 'fixed:{:g}'.format(self.options['scale'])
+            # short where that is exact (fixed:128), else every digit
+            scale = self.options['scale']
+            short = '{:g}'.format(scale)
+            return 'fixed:' + (short if float(short) == scale
+                               else repr(scale))
         if not self.options:
             return self.name
         return '{}:{}'.format(self.name, ','.join(
@@ -162,11 +166,19 @@ def parse_mode(spec):
     for item in filter(None, (s.strip() for s in arg.split(','))):
         key, eq, value = item.partition('=')
         key = key.strip()
+        if key in options:
+            raise ValueError('bad option {!r} for mode {}: {} is given '
+                             'twice'.format(item, name, key))
         if not eq or key not in allowed:
             raise ValueError('bad option {!r} for mode {}; expected '
                              'key=value with key one of: {}'
                              .format(item, name, ', '.join(allowed)))
         options[key] = _parse_value(value)
+        if isinstance(options[key], float) and math.isnan(options[key]):
+            # no option means anything by NaN (and NaN != NaN: a spec
+            # holding it would not equal itself)
+            raise ValueError('bad option {!r} for mode {}: {} must be a '
+                             'number, not NaN'.format(item, name, key))
     return LossScalingSpec(name, _canonical_options(name, options))
 
 
@@ -185,7 +197,7 @@ def resolve_precision(mode, precision=None):
     if spec.name == 'fp32' and name != 'float32':
         raise ValueError('mode fp32 means no mixed precision; it cannot run '
                          'with precision {!r} (use mode none for low '
-                         'precision without loss scaling)'.format(precision))
+                         'precision without loss scaling)'.format(name))
     return name
 
 

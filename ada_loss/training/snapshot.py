@@ -14,6 +14,15 @@
   the run says so on stderr and falls back to ``snapshot_previous``; if
   that is unreadable (or missing) too it says so and starts afresh. Where
   it resumed from is ``loaded_from`` (``run.json``: ``resumed_from``).
+* **Checking against the trainer** (:func:`load_checked`): a readable
+  snapshot whose keys, shapes or dtypes do not fit the trainer (written by
+  another config, model or version; a bit flip in the archive's names) is a
+  :class:`SnapshotMismatchError` naming the key, what the trainer expected
+  and what the file holds. Loading falls back to ``snapshot_previous`` as
+  for an unreadable file; when no snapshot fits, the run stops with that
+  error instead of starting afresh, so that a snapshot of another run is
+  never overwritten. Arrays are read without pickles
+  (``allow_pickle=False``): a snapshot cannot run code.
 """
 import os
 import shutil
@@ -53,6 +62,134 @@ def check_snapshot(path):
     return None
 
 
+class SnapshotMismatchError(ValueError):
+    """A readable snapshot that does not fit the trainer it is loaded
+    into (``key``: the serializer key at fault)."""
+
+    def __init__(self, key, message):
+        self.key = key
+        super(SnapshotMismatchError, self).__init__(message)
+
+    def __str__(self):
+        return self.args[0]
+
+    def __reduce__(self):   # from a --jobs worker to the parent process
+        return type(self), (self.key, self.args[0])
+
+
+class SnapshotKeyMissing(SnapshotMismatchError, KeyError):
+    """A key the trainer holds is not in the snapshot. A KeyError too, as
+    Chainer's deserializer raises, so that the ``serialize`` methods that
+    tolerate a key of a later version (``except KeyError``) still do."""
+
+
+def _describe(array):
+    return '{} of shape {}'.format(array.dtype, array.shape)
+
+
+class _CheckingDeserializer(chainer.serializers.NpzDeserializer):
+    """A dry run of Chainer's NPZ deserializer: each value the trainer asks
+    for is checked against the file. An array is given back as it is, not
+    overwritten; a scalar or text (which Chainer returns, converted) and a
+    value asked for as None (a reader: the random streams' state, optimizer
+    state before the first update) get the stored value, as from Chainer's.
+    The trainer may so take some values of a snapshot that then fails the
+    check; :func:`load_with_fallback` then loads another one in full or
+    stops the run."""
+
+    def __getitem__(self, key):
+        return _CheckingDeserializer(self.npz, self.path + key.strip('/') +
+                                     '/')
+
+    def __call__(self, key, value):
+        full = self.path + key.lstrip('/')
+        if full not in self.npz:
+            raise SnapshotKeyMissing(full, 'lacks {} (the trainer holds '
+                                     'it)'.format(full))
+        stored = self.npz[full]
+        want = _expected_kinds(value)
+        if stored.dtype.kind not in want:
+            raise SnapshotMismatchError(full, '{} is {}, expected {}'.format(
+                full, _describe(stored), _describe(value) if hasattr(
+                    value, 'dtype') else 'a ' + type(value).__name__))
+        if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
+            if stored.shape != value.shape or not numpy.can_cast(
+                    stored.dtype, value.dtype, 'same_kind'):
+                raise SnapshotMismatchError(
+                    full, '{} is {}, expected {}'.format(
+                        full, _describe(stored), _describe(value)))
+        elif value is not None and stored.ndim != 0:
+            raise SnapshotMismatchError(
+                full, '{} is {}, expected a scalar ({})'.format(
+                    full, _describe(stored), type(value).__name__))
+        if value is None:
+            return numpy.array(stored)
+        if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
+            return value        # checked above; the real load copies it in
+        try:    # a scalar or text: Chainer's conversion, which returns it
+            return super(_CheckingDeserializer, self).__call__(key, value)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise SnapshotMismatchError(full, '{} is {}, which does not fit '
+                                        'a {} ({})'.format(
+                                            full, _describe(stored),
+                                            type(value).__name__, e))
+
+
+def _expected_kinds(value):
+    """The NumPy dtype kinds a stored value for ``value`` may have."""
+    if isinstance(value, (str, bytes)):
+        return 'SU'
+    if isinstance(value, (bool, numpy.bool_)):
+        return 'b'
+    if isinstance(value, (int, numpy.integer)):
+        return 'biu'
+    if isinstance(value, (float, numpy.floating)):
+        return 'biuf'
+    if hasattr(value, 'dtype'):
+        return {'b': 'b', 'i': 'biu', 'u': 'biu', 'f': 'biuf',
+                'c': 'biufc'}.get(value.dtype.kind, value.dtype.kind)
+    return 'biufcSU'     # None or another type: any plain array
+
+
+def _update_rules(trainer):
+    """[(update rule, its state)] of every parameter the trainer's
+    optimizers update."""
+    rules = []
+    for opt in trainer.updater.get_all_optimizers().values():
+        for param in opt.target.params():
+            rule = getattr(param, 'update_rule', None)
+            if rule is not None:
+                rules.append((rule, rule._state))
+    return rules
+
+
+def load_checked(path, trainer):
+    """Loads the snapshot ``path`` into ``trainer`` after a dry run that
+    checks every value against the trainer (raises
+    :class:`SnapshotMismatchError` before any array is copied in)."""
+    with numpy.load(path, allow_pickle=False) as npz:
+        # Chainer's UpdateRule.serialize sets its state to {} before asking
+        # for its entries: put back what a failed dry run left
+        rules = _update_rules(trainer)
+        try:
+            _CheckingDeserializer(npz).load(trainer)
+        except BaseException as e:
+            for rule, state in rules:
+                rule._state = state
+            if isinstance(e, SnapshotMismatchError) or not isinstance(
+                    e, Exception):
+                raise
+            # a serialize method that could not use what the file holds
+            # (e.g. the random streams' state of corrupted text)
+            raise SnapshotMismatchError('', 'does not load ({}: {})'.format(
+                type(e).__name__, ' '.join(str(e).split())[:200])) from e
+        try:
+            chainer.serializers.NpzDeserializer(npz).load(trainer)
+        except (KeyError, TypeError, ValueError) as e:  # past the dry run
+            raise SnapshotMismatchError('', 'does not load ({}: {})'.format(
+                type(e).__name__, e))
+
+
 def snapshot_candidates(folder):
     """The snapshot files of a run folder, newest first (existing ones)."""
     return [p for p in (os.path.join(folder, LATEST),
@@ -66,17 +203,31 @@ def load_with_fallback(trainer, folder, log=None):
     ``snapshot_previous``) or ``None`` (nothing readable: the trainer is
     left as built, i.e. the run starts afresh). Every unreadable file and
     the decision taken are reported through ``log`` (default: stderr).
+
+    Raises:
+        SnapshotMismatchError: readable snapshots exist but none fits the
+            trainer (they are left as they are).
     """
     log = log or (lambda text: print(text, file=sys.stderr, flush=True))
-    tried, fresh = [], None
+    tried, mismatch, fresh = [], None, None
     for name in (LATEST, PREVIOUS):
         path = os.path.join(folder, name)
         problem = check_snapshot(path)
         if problem is None:
             if fresh is None:
                 fresh = _state_of(trainer)
-            problem = _load(path, trainer, fresh)
-        if problem is None:
+            try:
+                load_checked(path, trainer)
+            except SnapshotMismatchError as e:
+                # what the dry run took of it is undone: the next candidate
+                # (or the error) starts from the trainer as built
+                chainer.serializers.NpzDeserializer(
+                    fresh, strict=False).load(trainer)
+                log('[resume] {}: {} does not fit this run: {}'.format(
+                    folder, name, e))
+                mismatch = mismatch or e
+                tried.append(name)
+                continue
             if tried:
                 log('[resume] {}: falling back to {} (iteration {})'.format(
                     folder, name, trainer.updater.iteration))
@@ -85,6 +236,13 @@ def load_with_fallback(trainer, folder, log=None):
             log('[resume] {}: {} is unreadable ({})'.format(folder, name,
                                                             problem))
         tried.append(name)
+    if mismatch is not None:
+        # a snapshot of another config: starting afresh would overwrite it
+        raise SnapshotMismatchError(mismatch.key, '{}: cannot resume: {} '
+                                    'does not fit this run ({}); the run '
+                                    'was not started and its snapshots are '
+                                    'kept (another config? --force starts '
+                                    'afresh)'.format(folder, LATEST, mismatch))
     log('[resume] {}: no readable snapshot ({}): starting afresh'.format(
         folder, ', '.join(tried)))
     return None
@@ -102,22 +260,6 @@ def _state_of(trainer):
         # other array is saved
         pass
     return {k: numpy.array(v, copy=True) for k, v in saver.target.items()}
-
-
-def _load(path, trainer, fresh):
-    """Loads ``path`` into ``trainer``; ``None``, or why it could not: a
-    snapshot that opens but lacks an array the model, optimizer, updater or
-    an extension needs (``load_npz`` raises KeyError half-way). The trainer
-    is then put back as it was built (``fresh``: :func:`_state_of`), so the
-    next candidate, or a fresh start, begins from a clean state."""
-    try:
-        chainer.serializers.load_npz(path, trainer)
-    except KeyError as e:
-        chainer.serializers.NpzDeserializer(fresh, strict=False).load(
-            trainer)
-        return 'missing array: {}'.format(str(e.args[0] if e.args else e)
-                                          .split(' is not')[0])
-    return None
 
 
 def _remove_stale_temporaries(folder):

@@ -229,8 +229,9 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
             except KeyError:        # a snapshot from before the report
                 return
             counts = serializer('skipped_counts', None)
-            layers = layers.split('\n') if counts is not None and \
-                len(counts) else []
+            if counts is None:      # none stored (or a dry run's check)
+                counts = ()
+            layers = layers.split('\n') if len(counts) else []
             self.skipped_by_layer = collections.Counter(
                 {k: int(v) for k, v in zip(layers, counts)})
         else:

@@ -146,7 +146,7 @@ def test_grid_order_and_only_filter():
     # a default written out is the mode without it (canonical modes)
     sel = runner.select(STUDY.cells(cfg), ['mode=adaptive:t_uf=1e-3'])
     assert [str(c.mode) for c in sel] == ['adaptive']
-    with pytest.raises(ValueError, match='bad --only mode=fixed:0'):
+    with pytest.raises(ValueError, match="bad --only mode='fixed:0'"):
         runner.select(STUDY.cells(cfg), ['mode=fixed:0'])
     with pytest.raises(ValueError, match='matches no run'):
         runner.select(cells, ['model=resnet20'])

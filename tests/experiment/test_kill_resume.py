@@ -255,9 +255,10 @@ def test_kill_after_the_last_snapshot(tiny, tmp_path):
 def test_snapshot_missing_arrays_falls_back(tiny, tmp_path, both):
     """A snapshot that opens but lacks arrays the trainer needs is
     unreadable like a truncated one: snapshot_previous is used (issue 39
-    item 12; was a KeyError from load_npz); when both lack some, the run
-    starts afresh from the state it was built in (the half-done load
-    undone) and still ends as the reference."""
+    item 12; was a KeyError from load_npz), from the state the trainer was
+    built in (the checked load's half undone), and the run still ends as
+    the reference; when both lack some, the run stops and keeps them
+    (issue 36: never overwrite a snapshot)."""
     config, ref, _ = tiny
     mode = 'adaptive'
     folder = _kill_after_snapshot_6(config, str(tmp_path), mode)
@@ -271,15 +272,22 @@ def test_snapshot_missing_arrays_falls_back(tiny, tmp_path, both):
             del arrays[k]
         with open(path, 'wb') as f:
             numpy.savez(f, **arrays)
+    kept = {n: open(os.path.join(folder, n), 'rb').read()
+            for n in ('snapshot_latest', 'snapshot_previous')}
     proc = run(config, str(tmp_path), '--only', 'mode=' + mode, '--resume')
-    assert proc.returncode == 0, proc.stderr
-    assert 'snapshot_latest is unreadable (missing array: updater/' \
+    assert 'snapshot_latest does not fit this run: lacks updater/' \
         'optimizer:main/' in proc.stderr
     if both:
-        assert 'starting afresh' in proc.stderr
-    else:
-        assert 'falling back to snapshot_previous (iteration 4)' in \
-            proc.stderr
+        # nothing fits: the run stops (one error line, status 2) and keeps
+        # its snapshots (starting afresh would overwrite them; --force does)
+        assert proc.returncode == 2, proc.stderr
+        assert 'cannot resume' in proc.stderr
+        for n, data in kept.items():
+            with open(os.path.join(folder, n), 'rb') as f:
+                assert f.read() == data, n
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert 'falling back to snapshot_previous (iteration 4)' in proc.stderr
     assert_same_run(folder, os.path.join(ref, cell(mode)))
 
 
