@@ -162,13 +162,18 @@ def _blocks_2d(shape, axis, block, tile):
             for i in range(0, m, block)]
 
 
-def reference_nvfp4(x, axis=1, block=16, tile=None, sr=None):
+def reference_nvfp4(x, axis=1, block=16, tile=None, sr=None, amax=None,
+                    words=None):
     """NVFP4 of a float32 matrix (TE's ``_quantize_blockwise_reference``
     arithmetic). ``sr``: ``(seed, step)`` for stochastic rounding with the
-    counter words of :func:`reference_words` (element i = C-order index)."""
+    counter words of :func:`reference_words` (element i = C-order index),
+    or ``words`` given (an int array of x's shape); ``amax``: the global
+    amax when x is a part of the tensor (one tap of a convolution's W)."""
     x = np.asarray(x, F32)
-    fin = np.abs(x[np.isfinite(x)])
-    amax = F32(fin.max()) if fin.size else F32(0)
+    if amax is None:
+        fin = np.abs(x[np.isfinite(x)])
+        amax = F32(fin.max()) if fin.size else F32(0)
+    amax = F32(amax)
     with np.errstate(divide='ignore', over='ignore'):
         enc = F32(448.0 * 6.0) / amax
     if enc > F32_MAX:
@@ -177,8 +182,9 @@ def reference_nvfp4(x, axis=1, block=16, tile=None, sr=None):
         enc = F32(1)
     dec = F32(1) / enc
     mult = enc * (F32(1) / F32(6))
-    words = None if sr is None else np.array(
-        reference_words(x.size, *sr), np.uint64).reshape(x.shape)
+    if sr is not None:
+        words = np.array(reference_words(x.size, *sr),
+                         np.uint64).reshape(x.shape)
     out = np.empty_like(x)
     for sl in _blocks_2d(x.shape, axis, block, tile):
         b = x[sl]

@@ -24,20 +24,45 @@ Recipes (Transformer Engine, ``transformer_engine/common/recipe``):
   quantize_mx`); the caller gives the axes, and re-quantizes an operand
   used transposed in the backward from its high-precision copy along its
   own reduction there.
+* ``nvfp4`` (``NVFP4BlockScaling``; arXiv 2509.25149): E2M1 elements, E4M3
+  scales per 16 values and an FP32 tensor scale
+  (:func:`~ada_loss.formats.nvfp4.quantize_nvfp4`): W in 16×16 tiles
+  (``tiles='2d'``; ``'1d'``: 1×16 blocks along the reduction), x and gy
+  in 1×16 blocks along each GEMM's reduction; gy stochastically rounded
+  (``sr``) from a counter-based stream whose step counter is per-layer
+  training state (:meth:`GemmScaling.serialize`); the 16-point random
+  Hadamard transform (``rht``) on both operands of the weight-gradient
+  GEMM (:meth:`GemmScaling.quantize_wgrad`); layers named in
+  ``bf16_layers`` stay in BF16 (applied by the training layer).
+* ``blockwise`` (``Float8BlockScaling``, DeepSeek-V3): FP32 scales per
+  1×128 tile of x and gy along each GEMM's reduction and per 128×128 block
+  of W (:func:`~ada_loss.formats.blockwise.quantize_blockwise`); ``pow2``
+  as TE's power-of-two scales.
 
 Per-tensor recipes quantize each tensor once per step (the backward reuses
 the forward's x and W copies, as TE's transposed FP8 copies hold the same
-values); MX quantizes per GEMM.
+values); MX, NVFP4 and blockwise quantize per GEMM (a weight's 2-D tiles give the
+same values in the forward and the dgrad GEMM, as its transposed copy does
+in hardware).
 """
 import collections
 
+import numpy
 
+from ada_loss.formats.blockwise import quantize_blockwise
+from ada_loss.formats.counter_rng import fmix32_int
 from ada_loss.formats.float_format import get_format
+from ada_loss.formats.hadamard import pad_to_multiple, random_hadamard
 from ada_loss.formats.mx import SCALE_ROUNDINGS, quantize_mx
+from ada_loss.formats.nvfp4 import quantize_nvfp4
 from ada_loss.formats.per_tensor import (
     DEFAULT_HISTORY, DEFAULT_MARGIN, DelayedScaling, quantize_per_tensor)
 
-RECIPES = ('current', 'delayed', 'mx')
+RECIPES = ('current', 'delayed', 'mx', 'nvfp4', 'blockwise')
+#: recipes that cast per GEMM along its reduction (not once per tensor)
+BLOCK_RECIPES = ('mx', 'nvfp4', 'blockwise')
+#: the weight tiles of the 2-D recipes (NVFP4: 16×16; blockwise: 128×128)
+TILINGS = ('2d', '1d')
 ROLES = ('x', 'w', 'gy')
 #: formats a GEMM's outputs may be rounded to (TE: BF16 or FP32 outputs)
 OUTPUT_FORMATS = ('float32', 'bfloat16')
@@ -45,7 +70,8 @@ OUTPUT_FORMATS = ('float32', 'bfloat16')
 
 class GemmRecipe(collections.namedtuple('GemmRecipe', (
         'kind', 'fwd', 'bwd', 'history', 'margin', 'pow2', 'block_size',
-        'scale_rounding', 'out'))):
+        'scale_rounding', 'out', 'rht', 'sr', 'tiles', 'bf16_layers',
+        'seed'), defaults=(False, False, '1d', (), 0))):
     """A scaled GEMM recipe (see the module docstring).
 
     Attributes:
@@ -56,22 +82,30 @@ class GemmRecipe(collections.namedtuple('GemmRecipe', (
         block_size (int), scale_rounding (str): MX options (32, ``'up'``).
         out (FloatFormat): the format GEMM outputs (activations and
             gradients) are rounded to: float32 (none) or bfloat16.
+        rht (bool), sr (bool): NVFP4's Hadamard transform of the wgrad
+            operands and stochastic rounding of gradients.
+        tiles (str): ``'2d'``: W in 2-D tiles (NVFP4 16×16, blockwise
+            128×128); ``'1d'``: 1-D blocks along the reduction.
+        bf16_layers (tuple of str): paths of GEMM layers kept in BF16.
+        seed (int): the seed of stochastic rounding's streams.
     """
 
     __slots__ = ()
 
     @property
     def per_tensor(self):
-        return self.kind != 'mx'
+        return self.kind not in BLOCK_RECIPES
 
-    def state(self):
-        """A fresh :class:`GemmScaling` for one GEMM layer."""
-        return GemmScaling(self)
+    def state(self, stream=0):
+        """A fresh :class:`GemmScaling` for one GEMM layer; ``stream``
+        (the layer's index) selects its stochastic-rounding stream."""
+        return GemmScaling(self, stream)
 
 
 def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
                 margin=DEFAULT_MARGIN, pow2=False, block_size=32,
-                scale_rounding='up', out='float32'):
+                scale_rounding='up', out='float32', rht=False, sr=False,
+                tiles='1d', bf16_layers=(), seed=0):
     """A validated :class:`GemmRecipe`.
 
     Raises:
@@ -96,18 +130,31 @@ def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
     if out.canonical_name not in OUTPUT_FORMATS:
         raise ValueError('out must be one of {}, got {!r}'.format(
             ', '.join(OUTPUT_FORMATS), str(out)))
+    if tiles not in TILINGS:
+        raise ValueError('tiles must be one of {}, got {!r}'.format(
+            ', '.join(TILINGS), tiles))
+    if (rht or sr) and kind != 'nvfp4':
+        raise ValueError('rht and sr are options of the nvfp4 recipe')
     return GemmRecipe(kind, get_format(fwd), get_format(bwd), int(history),
                       int(margin), bool(pow2), int(block_size),
-                      scale_rounding, out)
+                      scale_rounding, out, bool(rht), bool(sr), tiles,
+                      tuple(bf16_layers), int(seed))
 
 
 class GemmScaling(object):
     """The scaling of one GEMM layer's operands under a recipe, with its
-    state (the delayed recipe's amax histories, one per role)."""
+    state (the delayed recipe's amax histories, one per role; NVFP4's
+    stochastic-rounding step counter)."""
 
-    def __init__(self, recipe):
+    def __init__(self, recipe, stream=0):
         self.recipe = recipe
         self.delayed = None
+        #: NVFP4's stochastic rounding: this layer's seed (the recipe's
+        #: mixed with the stream) and the count of its stochastic casts,
+        #: the step of the next one's counter-based stream
+        self.sr_seed = fmix32_int(fmix32_int(recipe.seed) ^ (int(stream)
+                                                            + 1))
+        self.sr_step = 0
         if recipe.kind == 'delayed':
             self.delayed = collections.OrderedDict(
                 (role, DelayedScaling(self.format(role), recipe.history,
@@ -117,6 +164,17 @@ class GemmScaling(object):
     @property
     def per_tensor(self):
         return self.recipe.per_tensor
+
+    @property
+    def rht(self):
+        """True when the weight-gradient GEMM takes Hadamard-transformed
+        operands (:meth:`quantize_wgrad`)."""
+        return self.recipe.rht
+
+    @property
+    def has_state(self):
+        """True when the scaling carries training state to serialize."""
+        return self.delayed is not None or self.recipe.sr
 
     def format(self, role):
         """The element format of an operand role."""
@@ -138,13 +196,52 @@ class GemmScaling(object):
             return quantize_per_tensor(x, self.format(role), pow2=r.pow2)[0]
         if r.kind == 'delayed':
             return self.delayed[role].quantize(x, record)
-        return quantize_mx(x, self.format(role), axis=axes,
-                           block_size=r.block_size,
-                           scale_rounding=r.scale_rounding)
+        if r.kind == 'mx':
+            return quantize_mx(x, self.format(role), axis=axes,
+                               block_size=r.block_size,
+                               scale_rounding=r.scale_rounding)
+        # a weight's 2-D tiles span its first two axes (out × in
+        # channels, at each tap of a convolution), whichever one the GEMM
+        # reduces: the tile is symmetric under the transpose
+        tile = role == 'w' and r.tiles == '2d'
+        if r.kind == 'blockwise':
+            return quantize_blockwise(
+                x, axis=(0, 1) if tile else axes, block_size=r.block_size,
+                tile=(r.block_size,) * 2 if tile else None,
+                element=self.format(role), pow2=r.pow2)
+        return self._nvfp4(role, x, (0, 1) if tile else axes,
+                           (r.block_size,) * 2 if tile else None)
+
+    def _nvfp4(self, role, x, axes, tile=None):
+        """NVFP4 cast of x; gradients stochastically rounded under
+        ``sr`` (each such cast advances the layer's step counter)."""
+        if role == 'gy' and self.recipe.sr:
+            step = self.sr_step
+            self.sr_step += 1
+            return quantize_nvfp4(x, axes, self.recipe.block_size, tile,
+                                  'stochastic', self.sr_seed, step)
+        return quantize_nvfp4(x, axes, self.recipe.block_size, tile)
+
+    def quantize_wgrad(self, gy, x):
+        """The operands of the weight-gradient GEMM under NVFP4 with RHT:
+        ``gy`` (R, O) and ``x`` (R, K), matrices whose rows (axis 0) are
+        the GEMM's reduction, zero-padded to a multiple of 16 rows, each
+        run of 16 rows transformed by :func:`random_hadamard` and cast in
+        1×16 blocks along the rows (gy stochastically under ``sr``).
+        ``gq.T @ xq`` is then the weight gradient (the transform cancels in
+        exact arithmetic; zero rows add nothing)."""
+        gy = random_hadamard(pad_to_multiple(gy, 0), 0)
+        x = random_hadamard(pad_to_multiple(x, 0), 0)
+        return self._nvfp4('gy', gy, 0), self._nvfp4('x', x, 0)
 
     def serialize(self, serializer):
         """Chainer's serializer protocol: the delayed recipe's amax
-        histories and scales (nothing for the other recipes)."""
+        histories and scales; NVFP4's stochastic-rounding step counter
+        (nothing for the other recipes)."""
+        if self.recipe.sr:
+            step = serializer('sr_step', numpy.array(self.sr_step,
+                                                     numpy.int64))
+            self.sr_step = int(numpy.asarray(step))
         if self.delayed is None:
             return
         for role, d in self.delayed.items():

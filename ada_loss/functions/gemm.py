@@ -239,7 +239,9 @@ class GemmFunction(object):
       and W along their forward reductions (:attr:`reduction_axes`) and
       retains the high-precision ones; the backward casts gy (per tensor:
       once, reusing the forward's x and W copies; MX: per GEMM, re-casting
-      W and x from high precision along the dgrad and wgrad reductions).
+      W and x from high precision along the dgrad and wgrad reductions;
+      NVFP4 and blockwise FP8 as MX, and under NVFP4's RHT the wgrad GEMM
+      runs on transformed operands: :meth:`grad_weight_rht` of each node).
 
     :meth:`backward` is Chainer's (every scale 1); the ⟨α, δ⟩ backward calls
     :meth:`backward_scaled` with the layer-wise scales instead.
@@ -373,7 +375,7 @@ class GemmFunction(object):
                 if 0 in indexes:
                     gy_d = q('gy', g, d_gy)
                     W_d = q('w', W.array, d_w)
-                if 1 in indexes:
+                if 1 in indexes and not self.scaling.rht:
                     gy_w = q('gy', g, w_gy)
                     x_w = q('x', x.array, w_x)
             # TE computes the bias gradient from the high-precision gy
@@ -387,8 +389,13 @@ class GemmFunction(object):
             ret.append(gx)
         weight_grad_scale = weight_scale
         if 1 in indexes:
-            gW, weight_grad_scale = self.grad_weight(
-                x_w, W, gy_w, weight_scale, fit_weight_grad)
+            if self.scaling is not None and self.scaling.rht:
+                # NVFP4: the wgrad GEMM on Hadamard-transformed operands
+                gW, weight_grad_scale = self.grad_weight_rht(
+                    x.array, W, gy.array, weight_scale, fit_weight_grad)
+            else:
+                gW, weight_grad_scale = self.grad_weight(
+                    x_w, W, gy_w, weight_scale, fit_weight_grad)
             ret.append(gW)
         if 2 in indexes:
             # the bias gradient shares the weight gradient's scale

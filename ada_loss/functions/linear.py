@@ -70,6 +70,12 @@ class LinearFunction(GradAccumulation, GemmFunction, ScaledOutput,
         gW, = node.apply((x, gy))
         return gW, node.applied_scale
 
+    def grad_weight_rht(self, x, W, gy, scale=1, fit=False):
+        """(gW, its scale) from the recipe's Hadamard-transformed casts of
+        x (N, K) and gy (N, M) along N (NVFP4; arrays in)."""
+        gq, xq = self.scaling.quantize_wgrad(gy, x)
+        return self.grad_weight(xq, W, gq, scale, fit)
+
 
 def linear(x, W, b=None, n_batch_axes=1, scale_key=None, formats=None,
            scaling=None):
