@@ -24,8 +24,11 @@ from ada_loss.formats.mx import _as_axes
 class BlockLayout(object):
     """The block layout of arrays of one shape (see the module docstring).
 
-    :meth:`to_blocks` gives an array of shape ``lead + (nblocks...,
-    block_values)``; :meth:`from_blocks` inverts it."""
+    :meth:`to_blocks` gives an array whose axis :attr:`value_axis` holds
+    the values of one block: ``lead + (nblocks..., block_values)`` (axis
+    -1), or, where the blocks are runs of consecutive values of x (one
+    axis or adjacent axes, no partial block), a reshape of x that needs
+    no copy; :meth:`from_blocks` inverts it."""
 
     def __init__(self, shape, axis=-1, block_size=16, tile=None):
         ndim = len(shape)
@@ -54,8 +57,24 @@ class BlockLayout(object):
                                                          self.block))
         self.inverse = tuple(int(i) for i in
                              numpy.argsort(self.rest + self.axes))
+        #: the axis of :meth:`to_blocks`' result that holds a block's values
+        self.value_axis = -1
+        self._view = None
+        if tile is None:
+            # blocks that are runs of a contiguous reshape: no transpose
+            # (e.g. channels of NCHW, the last axis of a matrix)
+            a = self.axes
+            s, e = a[0], a[-1] + 1
+            if a == tuple(range(s, e)) and self.sizes[0] % self.block[0] \
+                    == 0:
+                self._view = self.shape[:s] + (self.nblocks[0],
+                                               self.block[0]) + \
+                    self.shape[e:]
+                self.value_axis = s + 1
 
     def to_blocks(self, x, xp):
+        if self._view is not None:
+            return x.reshape(self._view)
         moved = xp.transpose(x, self.rest + self.axes)
         flat = moved.reshape(self.lead + self.sizes)
         padded = tuple(n * b for n, b in zip(self.nblocks, self.block))
@@ -72,6 +91,8 @@ class BlockLayout(object):
         return t.reshape(self.lead + (n0, n1, t0 * t1))
 
     def from_blocks(self, b, xp):
+        if self._view is not None:
+            return b.reshape(self.shape)
         k = len(self.lead)
         if len(self.block) == 1:
             flat = b.reshape(self.lead + (self.nblocks[0] * self.block[0],))

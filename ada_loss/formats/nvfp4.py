@@ -103,7 +103,7 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
     enc, dec = global_scales(_finite_amax(x, xp))
     blocks = layout.to_blocks(x, xp)
     with numpy.errstate(invalid='ignore'):
-        vmax = xp.abs(blocks).max(axis=-1, keepdims=True)
+        vmax = xp.abs(blocks).max(axis=layout.value_axis, keepdims=True)
     bad = ~xp.isfinite(vmax)
     any_bad = bool(bad.any())
     if any_bad:
@@ -122,7 +122,7 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
     e2m1 = get_format('float4_e2m1fn')
     if rounding == 'stochastic':
         words = layout.to_blocks(random_words(x.shape, seed, step, xp), xp)
-        q = e2m1.quantize(y, 'stochastic', rng=words)
+        q = e2m1_stochastic(y, words)
     else:
         q = e2m1.quantize(y)
     q *= s
@@ -131,5 +131,28 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
         q = xp.where(bad, _F32(numpy.nan), q)
     out = layout.from_blocks(q, xp)
     if return_scales:
-        return out, s[..., 0], dec
+        return out, xp.squeeze(s, layout.value_axis), dec
     return out
+
+
+def e2m1_stochastic(y, words):
+    """``y`` (float32 in [-6, 6]) stochastically rounded to E2M1 with the
+    top 22 bits ``n`` of ``words``: up in magnitude iff
+    ``n + floor(frac · 2^22) ≥ 2^22``, ``frac`` the distance from the lower
+    neighbour in units of the spacing. That is
+    :meth:`FloatFormat.quantize`'s rule (``'stochastic'`` with these
+    words), computed here in float32 and uint32 arithmetic, every step
+    exact (divisions by the spacing are powers of two; ``v/q − floor(v/q)``
+    is exact), about 4× faster than its general bit-level path, whose
+    E2M1 subnormals (|y| < 1, most of a gradient) go through float64."""
+    xp = array_module(y)
+    v = xp.abs(y)
+    q = xp.where(v < _F32(2), _F32(0.5), xp.where(v < _F32(4), _F32(1),
+                                                   _F32(2)))
+    t = v / q                               # exact: q a power of two
+    k = xp.floor(t)
+    with numpy.errstate(invalid='ignore'):     # NaN blocks (made NaN later)
+        frac22 = xp.floor((t - k) * _F32(1 << 22)).astype(numpy.uint32)
+    up = (words >> numpy.uint32(10)) + frac22 >= numpy.uint32(1 << 22)
+    out = (k + up.astype(_F32)) * q
+    return xp.copysign(out, y)

@@ -224,15 +224,16 @@ class GemmScaling(object):
 
     def quantize_wgrad(self, gy, x):
         """The operands of the weight-gradient GEMM under NVFP4 with RHT:
-        ``gy`` (R, O) and ``x`` (R, K), matrices whose rows (axis 0) are
-        the GEMM's reduction, zero-padded to a multiple of 16 rows, each
-        run of 16 rows transformed by :func:`random_hadamard` and cast in
-        1×16 blocks along the rows (gy stochastically under ``sr``).
-        ``gq.T @ xq`` is then the weight gradient (the transform cancels in
-        exact arithmetic; zero rows add nothing)."""
-        gy = random_hadamard(pad_to_multiple(gy, 0), 0)
-        x = random_hadamard(pad_to_multiple(x, 0), 0)
-        return self._nvfp4('gy', gy, 0), self._nvfp4('x', x, 0)
+        ``gy`` (O, R) and ``x`` (K, R), matrices whose last axis is the
+        GEMM's reduction (so every step below runs on contiguous rows),
+        zero-padded to a multiple of 16 along it, each run of 16 values
+        transformed by :func:`random_hadamard` and cast in 1×16 blocks
+        along it (gy stochastically under ``sr``). ``gq @ xq.T`` is then
+        the weight gradient (the transform cancels in exact arithmetic;
+        zero padding adds nothing)."""
+        gy = random_hadamard(pad_to_multiple(gy, -1), -1)
+        x = random_hadamard(pad_to_multiple(x, -1), -1)
+        return self._nvfp4('gy', gy, -1), self._nvfp4('x', x, -1)
 
     def serialize(self, serializer):
         """Chainer's serializer protocol: the delayed recipe's amax

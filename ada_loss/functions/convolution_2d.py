@@ -68,16 +68,17 @@ def _grad_weight_rht(node, a, b, W, grad_is_a, scale, fit):
     col = im2col(a, kh, kw, node.sy, node.sx, node.ph, node.pw,
                  cover_all=node.cover_all, dy=node.dy, dx=node.dx)
     n, c, _, _, ho, wo = col.shape
-    a_mat = xp.ascontiguousarray(col.transpose(0, 4, 5, 1, 2, 3)).reshape(
-        n * ho * wo, c * kh * kw)
-    b_mat = xp.ascontiguousarray(b.transpose(0, 2, 3, 1)).reshape(
-        n * ho * wo, b.shape[1])
+    # both matrices with the reduction N·H'·W' last: (C·kh·kw, R), (O, R)
+    a_t = xp.ascontiguousarray(col.transpose(1, 2, 3, 0, 4, 5)).reshape(
+        c * kh * kw, n * ho * wo)
+    b_t = xp.ascontiguousarray(b.transpose(1, 0, 2, 3)).reshape(
+        b.shape[1], n * ho * wo)
     if grad_is_a:
-        a_q, b_q = node.scaling.quantize_wgrad(a_mat, b_mat)
+        a_q, b_q = node.scaling.quantize_wgrad(a_t, b_t)
     else:
-        b_q, a_q = node.scaling.quantize_wgrad(b_mat, a_mat)
+        b_q, a_q = node.scaling.quantize_wgrad(b_t, a_t)
     gw_node = LinearGradWeight(W.dtype, scale, node.grad_format, fit)
-    gW, = gw_node.apply((a_q, b_q))        # b_qᵀ · a_q
+    gW, = gw_node.apply((a_q.T, b_q.T))        # b_q · a_qᵀ
     return chainer.functions.reshape(gW, W.shape), gw_node.applied_scale
 
 

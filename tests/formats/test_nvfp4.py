@@ -213,3 +213,15 @@ def test_bad_arguments():
         quantize_nvfp4(x, axis=0, tile=(16, 16))
     with pytest.raises(TypeError):
         quantize_blockwise(x.astype(np.float64))
+
+
+def test_e2m1_stochastic_equals_the_general_stochastic_rounding():
+    from ada_loss.formats import get_format
+    from ada_loss.formats.nvfp4 import e2m1_stochastic
+    rng = np.random.RandomState(9)
+    y = (rng.uniform(-6, 6, 20000) * 2.0 ** rng.randint(-30, 1, 20000)
+         ).astype(F32)
+    y[:8] = [0, -0.0, 6, -6, 0.5, 1.75, 5, 3.0]
+    words = random_words(y.shape, 4, 2)
+    want = get_format('fp4_e2m1').quantize(y, 'stochastic', rng=words)
+    _bits_equal(e2m1_stochastic(y, words), want)

@@ -140,16 +140,24 @@ def test_training_steps_forward_is_the_cast_operands_in_fp32(precision):
 
 
 def _pad16(m):
-    extra = -len(m) % 16
-    return np.concatenate([m, np.zeros((extra,) + m.shape[1:], F32)])
+    extra = -m.shape[1] % 16
+    return np.concatenate([m, np.zeros((len(m), extra), F32)], axis=1)
 
 
 def _wgrad_operands(g, a, seed, step, rht):
-    """The reference casts of the wgrad GEMM's (gy, x) matrices, rows =
-    the reduction: (RHT,) 1×16 blocks along the rows, gy stochastic."""
+    """The reference casts of the wgrad GEMM's (gy, x) matrices given with
+    rows = the reduction: cast as the recipe holds them, transposed (the
+    reduction last, so the stochastic words run in that C order), (RHT,)
+    1×16 blocks along the reduction, gy stochastic; returned transposed
+    back (rows = the reduction, zero-padded)."""
+    g, a = np.ascontiguousarray(g.T), np.ascontiguousarray(a.T)
     if rht:
-        g, a = reference_rht(_pad16(g), 0), reference_rht(_pad16(a), 0)
-    return (reference_nvfp4(g, 0, sr=(seed, step)), reference_nvfp4(a, 0))
+        g, a = reference_rht(_pad16(g), 1), reference_rht(_pad16(a), 1)
+        return (reference_nvfp4(g, 1, sr=(seed, step)).T,
+                reference_nvfp4(a, 1).T)
+    # without RHT the wgrad casts run on the operands' own layout
+    return (reference_nvfp4(g.T, 0, sr=(seed, step)),
+            reference_nvfp4(a.T, 0))
 
 
 @pytest.mark.parametrize('rht', [True, False])
