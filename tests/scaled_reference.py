@@ -165,14 +165,16 @@ def _blocks_2d(shape, axis, block, tile):
 def reference_nvfp4(x, axis=1, block=16, tile=None, sr=None, amax=None,
                     words=None):
     """NVFP4 of a float32 matrix (TE's ``_quantize_blockwise_reference``
-    arithmetic). ``sr``: ``(seed, step)`` for stochastic rounding with the
+    arithmetic; the global amax over the blocks free of NaN and Inf, whose
+    blocks become NaN). ``sr``: ``(seed, step)`` for stochastic rounding with the
     counter words of :func:`reference_words` (element i = C-order index),
     or ``words`` given (an int array of x's shape); ``amax``: the global
     amax when x is a part of the tensor (one tap of a convolution's W)."""
     x = np.asarray(x, F32)
-    if amax is None:
-        fin = np.abs(x[np.isfinite(x)])
-        amax = F32(fin.max()) if fin.size else F32(0)
+    blocks = _blocks_2d(x.shape, axis, block, tile)
+    if amax is None:      # over the blocks without NaN or Inf
+        amax = max([F32(np.abs(x[sl]).max()) for sl in blocks
+                    if np.all(np.isfinite(x[sl]))] + [F32(0)])
     amax = F32(amax)
     with np.errstate(divide='ignore', over='ignore'):
         enc = F32(448.0 * 6.0) / amax
@@ -186,7 +188,7 @@ def reference_nvfp4(x, axis=1, block=16, tile=None, sr=None, amax=None,
         words = np.array(reference_words(x.size, *sr),
                          np.uint64).reshape(x.shape)
     out = np.empty_like(x)
-    for sl in _blocks_2d(x.shape, axis, block, tile):
+    for sl in blocks:
         b = x[sl]
         if not np.all(np.isfinite(b)):
             out[sl] = np.nan

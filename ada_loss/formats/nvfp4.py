@@ -22,9 +22,9 @@ float32), computed in FP32 with the arithmetic of TE's reference quantizer
 Where this module chooses (TE's reference is silent or differs):
 
 * A block holding NaN or ±Inf becomes all NaN (as :func:`quantize_mx`); the
-  global amax is taken over the finite values, so the other blocks are cast
-  as if the bad block were not there (TE's reference would let an Inf
-  global amax reset the global scale to 1).
+  global amax is taken over the other blocks, so they are cast as if the
+  bad block were not there (TE's reference would let an Inf global amax
+  reset the global scale to 1).
 * Stochastic rounding (the recipe's for gradients) draws its random words
   from :mod:`ada_loss.formats.counter_rng`, keyed by ``(seed, step)`` and
   the element's C-order index in x: reproducible from the seed and the
@@ -46,17 +46,6 @@ _F32_MAX = _F32(numpy.finfo(_F32).max)
 E2M1_MAX = _F32(6)
 E4M3_MAX = _F32(448)
 ROUNDINGS = ('nearest', 'stochastic')
-
-
-def _finite_amax(x, xp):
-    """max |x| over the finite values (float32; 0 for none)."""
-    if x.size == 0:
-        return _F32(0)
-    with numpy.errstate(invalid='ignore'):
-        a = xp.abs(x).max()
-    if not bool(xp.isfinite(a)):
-        a = xp.where(xp.isfinite(x), xp.abs(x), _F32(0)).max()
-    return _F32(a)
 
 
 def global_scales(amax):
@@ -100,7 +89,6 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
         raise TypeError('quantize_nvfp4 expects a float32 (or float16) '
                         'array, got {}'.format(x.dtype))
     layout = BlockLayout(x.shape, axis, block_size, tile)
-    enc, dec = global_scales(_finite_amax(x, xp))
     blocks = layout.to_blocks(x, xp)
     with numpy.errstate(invalid='ignore'):
         vmax = xp.abs(blocks).max(axis=layout.value_axis, keepdims=True)
@@ -108,6 +96,9 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
     any_bad = bool(bad.any())
     if any_bad:
         vmax = xp.where(bad, _F32(0), vmax)
+    # the tensor's amax is its largest block amax (the NaN/Inf blocks
+    # left out): no second pass over x
+    enc, dec = global_scales(vmax.max() if vmax.size else 0)
     with numpy.errstate(over='ignore'):
         s = vmax * (enc * (_F32(1) / E2M1_MAX))
     xp.minimum(s, _F32_MAX, out=s)
