@@ -283,3 +283,27 @@ def test_bf16_layers_and_sr_state_serialized(tmp_path):
         assert 'predictor/conv2/gemm_scaling/sr_step' in npz.files
     with pytest.raises(ValueError, match='not GEMM layers'):
         _model('nvfp4:bf16=conv9')
+
+
+def test_nvfp4_deconvolution_wgrad_with_rht():
+    """A deconvolution's wgrad is Chainer's Convolution2DGradW on (gy, x):
+    im2col of the gradient, which is then the stochastically cast side."""
+    rng = np.random.RandomState(5)
+    dec = chainer.links.Deconvolution2D(18, 20, 3, stride=1, pad=1,
+                                        nobias=True)
+    apply_precision(dec, 'nvfp4')
+    seed = dec.gemm_scaling.sr_seed
+    x = rng.standard_normal((2, 18, 6, 6)).astype(F32)
+    y = dec(x)                        # x needs no gradient: wgrad is step 0
+    g = (rng.standard_normal(y.shape) * 1e-2).astype(F32)
+    dec.cleargrads()
+    y.grad = g
+    y.backward()
+    col = conv_utils.im2col_cpu(g, 3, 3, 1, 1, 1, 1)
+    n, o, kh, kw, h, w = col.shape
+    gm = col.transpose(0, 4, 5, 1, 2, 3).reshape(n * h * w, -1)
+    xm = x.transpose(0, 2, 3, 1).reshape(n * h * w, -1)
+    gq, xq = _wgrad_operands(gm, xm, seed, 0, True)
+    _, gW = _fp32_grads(F.linear, gq, np.zeros((18, o * kh * kw), F32), xq)
+    assert dec.gemm_scaling.sr_step == 1
+    assert np.array_equal(dec.W.grad, gW.reshape(dec.W.shape))
