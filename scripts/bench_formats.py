@@ -9,7 +9,8 @@ training step in each precision, as a ratio to float32, from one run.
     float32, mixed16, bf16, fp8 (E4M3 forward, E5M2 gradients), fp8_e4m3
     and the scaled precisions fp8:recipe=current, fp8:recipe=delayed and
     mxfp8 (also nvfp4 and fp8:recipe=blockwise when named; precisions with
-    E2M1 gradients run ``fixed:4``, as a scale must be below 6); steps are interleaved round-robin against drift; medians and
+    E2M1 gradients run ``fixed:4``, as a scale must be below 6); steps
+    are interleaved round-robin against drift; medians and
     ratios to float32 are printed. Targets: <= 1.3x for the unscaled
     formats and the per-tensor recipes, <= 1.6x for MX (issue 25);
     <= 1.6x for nvfp4, <= 1.3x for fp8:recipe=blockwise (issue 33).

@@ -166,9 +166,9 @@ def reference_nvfp4(x, axis=1, block=16, tile=None, sr=None, amax=None,
                     words=None):
     """NVFP4 of a float32 matrix (TE's ``_quantize_blockwise_reference``
     arithmetic; the global amax over the blocks free of NaN and Inf, whose
-    blocks become NaN). ``sr``: ``(seed, step)`` for stochastic rounding with the
-    counter words of :func:`reference_words` (element i = C-order index),
-    or ``words`` given (an int array of x's shape); ``amax``: the global
+    blocks become NaN). ``sr``: ``(seed, step)`` for stochastic rounding
+    with the counter words of :func:`reference_words` (element i = C-order
+    index), or ``words`` given (an int array of x's shape); ``amax``: the global
     amax when x is a part of the tensor (one tap of a convolution's W)."""
     x = np.asarray(x, F32)
     blocks = _blocks_2d(x.shape, axis, block, tile)

@@ -41,9 +41,9 @@ Recipes (Transformer Engine, ``transformer_engine/common/recipe``):
 
 Per-tensor recipes quantize each tensor once per step (the backward reuses
 the forward's x and W copies, as TE's transposed FP8 copies hold the same
-values); MX, NVFP4 and blockwise quantize per GEMM (a weight's 2-D tiles give the
-same values in the forward and the dgrad GEMM, as its transposed copy does
-in hardware).
+values); MX, NVFP4 and blockwise quantize per GEMM (a weight's 2-D tiles
+give the same values in the forward and the dgrad GEMM, as its transposed
+copy does in hardware).
 """
 import collections
 
