@@ -168,8 +168,8 @@ def reference_nvfp4(x, axis=1, block=16, tile=None, sr=None, amax=None,
     arithmetic; the global amax over the blocks free of NaN and Inf, whose
     blocks become NaN). ``sr``: ``(seed, step)`` for stochastic rounding
     with the counter words of :func:`reference_words` (element i = C-order
-    index), or ``words`` given (an int array of x's shape); ``amax``: the global
-    amax when x is a part of the tensor (one tap of a convolution's W)."""
+    index), or ``words`` given (an int array of x's shape); ``amax``: the
+    global amax when x is a part of the tensor (one tap of a conv's W)."""
     x = np.asarray(x, F32)
     blocks = _blocks_2d(x.shape, axis, block, tile)
     if amax is None:      # over the blocks without NaN or Inf
