@@ -39,7 +39,9 @@ class BlockLayout(object):
                     block_size))
             self.axes = _as_axes(axis, ndim)
             self.sizes = (int(numpy.prod([shape[a] for a in self.axes])),)
-            self.block = (int(block_size),)
+            # a reduction shorter than a block is one block (padding it
+            # would change nothing but the cost)
+            self.block = (max(1, min(int(block_size), self.sizes[0])),)
         else:
             tile = tuple(int(t) for t in tile)
             if axis == -1:
@@ -50,7 +52,8 @@ class BlockLayout(object):
                                  'tile={!r}, axis={!r}'.format(tile, axis))
             self.axes = _as_axes(axis, ndim)
             self.sizes = tuple(shape[a] for a in self.axes)
-            self.block = tile
+            self.block = tuple(max(1, min(t, n)) for t, n in zip(tile,
+                                                                 self.sizes))
         self.rest = tuple(a for a in range(ndim) if a not in self.axes)
         self.lead = tuple(shape[a] for a in self.rest)
         self.nblocks = tuple(-(-n // b) for n, b in zip(self.sizes,
@@ -60,17 +63,33 @@ class BlockLayout(object):
         #: the axis of :meth:`to_blocks`' result that holds a block's values
         self.value_axis = -1
         self._view = None
-        if tile is None:
-            # blocks that are runs of a contiguous reshape: no transpose
-            # (e.g. channels of NCHW, the last axis of a matrix)
+        if tile is None and list(self.axes) == sorted(self.axes):
+            # blocks that are runs of a reshape of x: no transpose. The
+            # trailing run of adjacent axes (C of NCHW; H, W of the
+            # reduction N·H·W) holds whole blocks when its size is a
+            # multiple of the block, and then no block straddles the
+            # leading reduction axes either (their order is kept).
             a = self.axes
-            s, e = a[0], a[-1] + 1
-            if a == tuple(range(s, e)) and self.sizes[0] % self.block[0] \
-                    == 0:
-                self._view = self.shape[:s] + (self.nblocks[0],
-                                               self.block[0]) + \
-                    self.shape[e:]
+            j = len(a) - 1
+            while j > 0 and a[j - 1] == a[j] - 1:
+                j -= 1
+            s, e = a[j], a[-1] + 1
+            p = int(numpy.prod(self.shape[s:e]))
+            b = self.block[0]
+            if p % b == 0:
+                self._view = self.shape[:s] + (p // b, b) + self.shape[e:]
                 self.value_axis = s + 1
+
+    @property
+    def reduce_axes(self):
+        """The axis to reduce :meth:`to_blocks`' result over for a
+        per-block statistic (the amax)."""
+        return self.value_axis
+
+    def scales(self, s):
+        """Per-block values computed with ``keepdims`` (e.g. scales),
+        without the block-values axis."""
+        return s.squeeze(self.value_axis)
 
     def to_blocks(self, x, xp):
         if self._view is not None:

@@ -70,7 +70,7 @@ def quantize_blockwise(x, axis=-1, block_size=128, tile=None,
     layout = BlockLayout(x.shape, axis, block_size, tile)
     blocks = layout.to_blocks(x, xp)
     with numpy.errstate(invalid='ignore'):
-        amax = xp.abs(blocks).max(axis=layout.value_axis, keepdims=True)
+        amax = xp.abs(blocks).max(axis=layout.reduce_axes, keepdims=True)
     bad = ~xp.isfinite(amax)
     any_bad = bool(bad.any())
     if any_bad:
@@ -85,5 +85,5 @@ def quantize_blockwise(x, axis=-1, block_size=128, tile=None,
         q = xp.where(bad, _F32(numpy.nan), q)
     out = layout.from_blocks(q, xp)
     if return_scales:
-        return out, xp.squeeze(s, layout.value_axis)
+        return out, layout.scales(s)
     return out

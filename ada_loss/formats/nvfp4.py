@@ -91,7 +91,7 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
     layout = BlockLayout(x.shape, axis, block_size, tile)
     blocks = layout.to_blocks(x, xp)
     with numpy.errstate(invalid='ignore'):
-        vmax = xp.abs(blocks).max(axis=layout.value_axis, keepdims=True)
+        vmax = xp.abs(blocks).max(axis=layout.reduce_axes, keepdims=True)
     bad = ~xp.isfinite(vmax)
     any_bad = bool(bad.any())
     if any_bad:
@@ -122,7 +122,7 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
         q = xp.where(bad, _F32(numpy.nan), q)
     out = layout.from_blocks(q, xp)
     if return_scales:
-        return out, xp.squeeze(s, layout.value_axis), dec
+        return out, layout.scales(s), dec
     return out
 
 

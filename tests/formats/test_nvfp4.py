@@ -225,3 +225,25 @@ def test_e2m1_stochastic_equals_the_general_stochastic_rounding():
     words = random_words(y.shape, 4, 2)
     want = get_format('fp4_e2m1').quantize(y, 'stochastic', rng=words)
     _bits_equal(e2m1_stochastic(y, words), want)
+
+
+@pytest.mark.parametrize('hw', [(4, 4), (4, 8), (3, 5)])
+def test_blocks_along_nhw_equal_the_reference_on_the_flattened_matrix(hw):
+    # x (N, C, H, W) blocked along (N, H, W) (a convolution's wgrad): by a
+    # reshape where H·W holds whole blocks, by a transpose otherwise
+    rng = np.random.RandomState(sum(hw))
+    x = (rng.standard_normal((3, 5) + hw) * 2.0 ** rng.randint(
+        -6, 6, (1, 5, 1, 1))).astype(F32)
+    m = np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(5, -1)
+
+    def back(q):
+        return q.reshape((5, 3) + hw).transpose(1, 0, 2, 3)
+    _bits_equal(quantize_nvfp4(x, axis=(0, 2, 3)),
+                back(reference_nvfp4(m, 1)))
+    _bits_equal(quantize_nvfp4(x, axis=(0, 2, 3), rounding='stochastic',
+                               seed=1, step=1),
+                back(reference_nvfp4(m, 1, words=np.ascontiguousarray(
+                    random_words(x.shape, 1, 1).astype(np.uint64)
+                    .transpose(1, 0, 2, 3)).reshape(5, -1))))
+    _bits_equal(quantize_blockwise(x, axis=(0, 2, 3), block_size=32),
+                back(reference_blockwise(m, 1, block=32)))
