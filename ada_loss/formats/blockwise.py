@@ -70,7 +70,7 @@ def quantize_blockwise(x, axis=-1, block_size=128, tile=None,
     layout = BlockLayout(x.shape, axis, block_size, tile)
     blocks = layout.to_blocks(x, xp)
     with numpy.errstate(invalid='ignore'):
-        amax = xp.abs(blocks).max(axis=layout.reduce_axes, keepdims=True)
+        amax = layout.amax(blocks, xp)
     bad = ~xp.isfinite(amax)
     any_bad = bool(bad.any())
     if any_bad:

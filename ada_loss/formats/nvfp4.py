@@ -91,7 +91,7 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
     layout = BlockLayout(x.shape, axis, block_size, tile)
     blocks = layout.to_blocks(x, xp)
     with numpy.errstate(invalid='ignore'):
-        vmax = xp.abs(blocks).max(axis=layout.reduce_axes, keepdims=True)
+        vmax = layout.amax(blocks, xp)
     bad = ~xp.isfinite(vmax)
     any_bad = bool(bad.any())
     if any_bad:
