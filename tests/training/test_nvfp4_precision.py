@@ -307,3 +307,32 @@ def test_nvfp4_deconvolution_wgrad_with_rht():
     _, gW = _fp32_grads(F.linear, gq, np.zeros((18, o * kh * kw), F32), xq)
     assert dec.gemm_scaling.sr_step == 1
     assert np.array_equal(dec.W.grad, gW.reshape(dec.W.shape))
+
+
+@pytest.mark.parametrize('precision', ['nvfp4', 'fp8:recipe=blockwise'])
+def test_power_of_two_loss_scale_passes_through_exactly(precision):
+    """The tensor scale of NVFP4 (and blockwise's per-block scales) absorb
+    a power-of-two loss scale exactly: fixed:4 gives none's parameters."""
+    from test_scaled_precision import _step
+    ref, _ = _step(precision, 'none')
+    model, up = _step(precision, 'fixed:4')
+    assert up.skipped_steps == 0
+    for (n, p), (_, q) in zip(sorted(ref.namedparams()),
+                              sorted(model.namedparams())):
+        assert np.array_equal(p.array, q.array), n
+
+
+def test_nvfp4_bf16_outputs():
+    bf16 = get_format('bfloat16')
+    np.random.seed(2)
+    net = Net()
+    apply_precision(net, 'nvfp4:out=bf16')
+    x, t = _batches(1)[0]
+    net.cleargrads()
+    h = net.conv(x)
+    y = net.fc(F.relu(h))
+    F.softmax_cross_entropy(y, t).backward()
+    for a in (h.array, y.array, net.conv.W.grad, net.fc.W.grad):
+        assert np.array_equal(bf16.quantize(a), a)
+    assert not np.array_equal(get_format('fp8_e4m3').quantize(h.array),
+                              h.array)
