@@ -98,7 +98,8 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
         vmax = xp.where(bad, _F32(0), vmax)
     # the tensor's amax is its largest block amax (the NaN/Inf blocks
     # left out): no second pass over x
-    enc, dec = global_scales(vmax.max() if vmax.size else 0)
+    # (a Python float: exact, and a CuPy 0-d array converts only so)
+    enc, dec = global_scales(float(vmax.max()) if vmax.size else 0.0)
     with numpy.errstate(over='ignore'):
         s = vmax * (enc * (_F32(1) / E2M1_MAX))
     xp.minimum(s, _F32_MAX, out=s)
@@ -138,8 +139,9 @@ def e2m1_stochastic(y, words):
     E2M1 subnormals (|y| < 1, most of a gradient) go through float64."""
     xp = array_module(y)
     v = xp.abs(y)
-    q = xp.where(v < _F32(2), _F32(0.5), xp.where(v < _F32(4), _F32(1),
-                                                   _F32(2)))
+    # the spacing: 0.5 below 2, 1 below 4, 2 up to 6
+    q = (_F32(0.5) * (_F32(1) + (v >= _F32(2)))) * \
+        (_F32(1) + (v >= _F32(4)))
     t = v / q                               # exact: q a power of two
     k = xp.floor(t)
     with numpy.errstate(invalid='ignore'):     # NaN blocks (made NaN later)
