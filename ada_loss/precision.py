@@ -31,8 +31,8 @@
                        ``rht=false``, ``sr=false``, ``tiles=1d``,
                        ``bf16=<layer>+<layer>`` (GEMM layers kept in BF16,
                        e.g. ``bf16=conv1+fc``)
-``fp8:recipe=blockwise`` block-scaled FP8 (TE's Float8BlockScaling,
-                       DeepSeek-V3): E4M3, FP32 scales per 1×128 tile of x
+``fp8:recipe=``        block-scaled FP8 (TE's Float8BlockScaling,
+``blockwise``          DeepSeek-V3): E4M3, FP32 scales per 1×128 tile of x
                        and gradients and per 128×128 block of W; option
                        ``pow2=true`` (TE's default power-of-two scales)
 =====================  =======================================================
