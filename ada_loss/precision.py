@@ -22,7 +22,20 @@
                        both passes (TE's default) / E2M3 forward and E3M2
                        gradients / E2M1; options ``block=N``,
                        ``scale=up|floor``
-``…,grad=loss``        any scaled precision with its incoming gradients
+``nvfp4``              NVFP4 (arXiv 2509.25149, TE's NVFP4BlockScaling):
+                       E2M1 with E4M3 scales per 16 values and an FP32
+                       tensor scale; W in 16×16 tiles, x and gradients in
+                       1×16 blocks along each GEMM's reduction, a 16-point
+                       random Hadamard transform on the wgrad operands,
+                       stochastic rounding of gradients; options
+                       ``rht=false``, ``sr=false``, ``tiles=1d``,
+                       ``bf16=<layer>+<layer>`` (GEMM layers kept in BF16,
+                       e.g. ``bf16=conv1+fc``)
+``fp8:recipe=``        block-scaled FP8 (TE's Float8BlockScaling,
+``blockwise``          DeepSeek-V3): E4M3, FP32 scales per 1×128 tile of x
+                       and gradients and per 128×128 block of W; option
+                       ``pow2=true`` (TE's default power-of-two scales)
+``…,grad=loss``        a per-tensor or MX precision with its incoming gradients
                        rounded *unscaled* into its gradient element format
                        (x and W still cast by the recipe): the gradient's
                        scale is the loss-scaling mode's, which must be
@@ -61,7 +74,7 @@ from ada_loss.formats import (
 PRECISIONS = ('float32', 'mixed16', 'bf16', 'fp8', 'fp8_e4m3', 'fp8_e5m2')
 #: the scaled precisions' base names (their options: module docstring)
 SCALED_PRECISIONS = ('fp8:recipe=current', 'fp8:recipe=delayed', 'mxfp8',
-                     'mxfp6', 'mxfp4')
+                     'mxfp6', 'mxfp4', 'nvfp4', 'fp8:recipe=blockwise')
 
 #: MX precision -> (forward element, gradient element). MXFP8: E4M3 both
 #: passes, TE's MXFP8BlockScaling default (the per-block scale gives the
@@ -75,6 +88,8 @@ _MX = {
 }
 _PER_TENSOR_OPTIONS = ('recipe', 'history', 'margin', 'pow2', 'grad', 'out')
 _MX_OPTIONS = ('block', 'scale', 'grad', 'out')
+_NVFP4_OPTIONS = ('rht', 'sr', 'tiles', 'bf16', 'out')
+_BLOCKWISE_OPTIONS = ('recipe', 'pow2', 'out')
 
 _NAMED = {
     'bf16': ('bfloat16', 'bfloat16'),
@@ -90,9 +105,12 @@ PRECISION_HELP = ('float32, mixed16, bf16, fp8 (E4M3 forward, E5M2 '
                   'bwd=fp8_e4m3); or scaled: fp8:recipe=current|delayed '
                   '(also fp8_e4m3:..., options history=N, margin=M, '
                   'pow2=true|false, out=bf16), mxfp8, mxfp6, mxfp4 '
-                  '(options block=N, scale=up|floor, out=bf16); '
-                  'grad=loss on either: gradients unscaled, scaled by the '
-                  'loss-scaling mode')
+                  '(options block=N, scale=up|floor, out=bf16), nvfp4 '
+                  '(options rht=false, sr=false, tiles=1d, '
+                  'bf16=<layer>+<layer>, out=bf16), fp8:recipe=blockwise '
+                  '(options pow2=true, out=bf16); grad=loss on the '
+                  'per-tensor and MX ones: gradients unscaled, scaled by '
+                  'the loss-scaling mode')
 
 
 class Precision(collections.namedtuple(
@@ -186,7 +204,8 @@ def parse_precision(text):
         fwd, bwd = _NAMED[key]
         return Precision(key, get_format(fwd), get_format(bwd), 'float32')
     base, colon, arg = key.partition(':')
-    if base in _MX or (colon and base in _NAMED and base != 'bf16'):
+    if base in _MX or base == 'nvfp4' or (colon and base in _NAMED and
+                                          base != 'bf16'):
         try:
             return _scaled(base, arg)
         except ValueError as e:
@@ -237,6 +256,10 @@ def _scaled(base, arg):
     """A scaled precision: ``base`` (fp8, fp8_e4m3, fp8_e5m2 with a recipe
     option; mxfp8/6/4) and its options, validated; the canonical name lists
     the options that differ from the defaults, in a fixed order."""
+    if base == 'nvfp4':
+        return _nvfp4(arg)
+    if base == 'fp8' and 'recipe=blockwise' in arg.split(','):
+        return _blockwise(arg)
     if base in _MX:
         o = _options(arg, _MX_OPTIONS)
         fwd, bwd = _MX[base]
@@ -254,7 +277,8 @@ def _scaled(base, arg):
         o = _options(arg, _PER_TENSOR_OPTIONS)
         kind = o.get('recipe')
         if kind not in ('current', 'delayed'):
-            raise ValueError('recipe=current or recipe=delayed is required, '
+            raise ValueError('recipe=current or recipe=delayed is required '
+                             '(recipe=blockwise is fp8:recipe=blockwise), '
                              'got {!r}'.format(kind))
         if kind == 'current' and ('history' in o or 'margin' in o):
             raise ValueError('history and margin are options of '
@@ -280,6 +304,46 @@ def _scaled(base, arg):
         parts.append('out=bf16')
     name = base + (':' + ','.join(parts) if parts else '')
     return Precision(name, recipe.fwd, recipe.bwd, 'float32', recipe)
+
+
+def _nvfp4(arg):
+    """``nvfp4`` and its options (module docstring); the canonical name
+    lists the parts switched off, then the BF16 layers, then ``out``."""
+    o = _options(arg, _NVFP4_OPTIONS)
+    layers = tuple(dict.fromkeys(filter(None, o.get('bf16', '').split(
+        '+'))))
+    recipe = make_recipe(
+        'nvfp4', 'fp4_e2m1', 'fp4_e2m1', block_size=16,
+        rht=_flag(o.get('rht', 'true'), 'rht'),
+        sr=_flag(o.get('sr', 'true'), 'sr'), tiles=o.get('tiles', '2d'),
+        bf16_layers=layers, out=_out(o))
+    parts = [k + '=false' for k in ('rht', 'sr')
+             if not getattr(recipe, k)]
+    if recipe.tiles != '2d':
+        parts.append('tiles=' + recipe.tiles)
+    if layers:
+        parts.append('bf16=' + '+'.join(layers))
+    if not recipe.out.is_float32:
+        parts.append('out=bf16')
+    name = 'nvfp4' + (':' + ','.join(parts) if parts else '')
+    return Precision(name, recipe.fwd, recipe.bwd, 'float32', recipe)
+
+
+def _blockwise(arg):
+    """``fp8:recipe=blockwise``: E4M3 in both passes (TE's
+    ``Float8BlockScaling`` default format), 1×128 / 128×128 blocks."""
+    o = _options(arg, _BLOCKWISE_OPTIONS)
+    recipe = make_recipe('blockwise', 'fp8_e4m3', 'fp8_e4m3',
+                         block_size=128,
+                         pow2=_flag(o.get('pow2', 'false'), 'pow2'),
+                         tiles='2d', out=_out(o))
+    parts = ['recipe=blockwise']
+    if recipe.pow2:
+        parts.append('pow2=true')
+    if not recipe.out.is_float32:
+        parts.append('out=bf16')
+    return Precision('fp8:' + ','.join(parts), recipe.fwd, recipe.bwd,
+                     'float32', recipe)
 
 
 def check_precision(precision):

@@ -8,14 +8,18 @@ training step in each precision, as a ratio to float32, from one run.
     ``fixed:8`` (so that every precision runs the same backward), for
     float32, mixed16, bf16, fp8 (E4M3 forward, E5M2 gradients), fp8_e4m3
     and the scaled precisions fp8:recipe=current, fp8:recipe=delayed and
-    mxfp8; steps are interleaved round-robin against drift; medians and
+    mxfp8 (also nvfp4 and fp8:recipe=blockwise when named; precisions with
+    E2M1 gradients run ``fixed:4``, as a scale must be below 6); steps
+    are interleaved round-robin against drift; medians and
     ratios to float32 are printed. Targets: <= 1.3x for the unscaled
-    formats and the per-tensor recipes, <= 1.6x for MX (issue 25).
+    formats and the per-tensor recipes, <= 1.6x for MX (issue 25);
+    <= 1.6x for nvfp4, <= 1.3x for fp8:recipe=blockwise (issue 33).
     ``--clock process`` times each step by this process's CPU time instead
     of wall time (for a machine shared with other jobs).
 (c) the scaled quantizers alone (ns per element): quantize_mx along the
     last axis and along axis 0 of a (4096, 1024) matrix, the per-tensor
-    cast (its amax included).
+    cast (its amax included); quantize_nvfp4 (1x16, stochastic, 16x16),
+    the 16-point RHT, quantize_blockwise (1x128, 128x128).
 
     .venv/bin/python scripts/bench_formats.py [--batch 128] [--repeats 5]
 """
@@ -27,6 +31,7 @@ import bench_common as bc  # NOQA (puts the project on sys.path)
 import numpy
 
 from ada_loss.formats import get_format
+from ada_loss.precision import parse_precision
 
 
 def quantize_table(n=4000000):
@@ -59,7 +64,9 @@ def quantize_table(n=4000000):
 
 
 def scaled_quantize_table(rows=4096, cols=1024):
-    from ada_loss.formats import quantize_mx, quantize_per_tensor
+    from ada_loss.formats import (quantize_blockwise, quantize_mx,
+                                  quantize_nvfp4, quantize_per_tensor,
+                                  random_hadamard)
     rng = numpy.random.RandomState(0)
     x = (rng.standard_normal((rows, cols)) * numpy.exp2(
         rng.uniform(-20, 8, (rows, 1)))).astype(numpy.float32)
@@ -69,6 +76,12 @@ def scaled_quantize_table(rows=4096, cols=1024):
         ('mx e4m3 axis 0', lambda: quantize_mx(x, 'fp8_e4m3', axis=0)),
         ('mx e2m1 axis -1', lambda: quantize_mx(x, 'fp4_e2m1')),
         ('per-tensor e4m3', lambda: quantize_per_tensor(x, 'fp8_e4m3')),
+        ('nvfp4 1x16 -1', lambda: quantize_nvfp4(x)),
+        ('nvfp4 1x16 -1 sr', lambda: quantize_nvfp4(x, rounding='stochastic')),
+        ('nvfp4 16x16', lambda: quantize_nvfp4(x, tile=(16, 16))),
+        ('rht16 axis -1', lambda: random_hadamard(x)),
+        ('blockwise 1x128', lambda: quantize_blockwise(x)),
+        ('blockwise 128x128', lambda: quantize_blockwise(x, tile=(128, 128))),
     ]
     print('(c) scaled quantizers, {}x{} float32: ns per element (median of '
           '3)'.format(rows, cols))
@@ -99,6 +112,9 @@ def main():
     steps = {}
     for prec in precisions:
         mode = 'fp32' if prec == 'float32' else 'fixed:8'
+        if prec != 'float32' and parse_precision(prec).grad_format.u_max <= 8:
+            mode = 'fixed:4'     # E2M1 gradients (max 6): S must be below
+
         steps[prec] = bc.ResNetStep(mode, args.batch, precision=prec)
     for _ in range(args.warmup):
         for s in steps.values():

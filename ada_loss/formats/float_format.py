@@ -170,7 +170,9 @@ class FloatFormat(object):
                 probability equal to the distance to the lower neighbour,
                 in units of the local spacing).
             rng: for ``'stochastic'``: a ``numpy.random.Generator`` (CuPy:
-                ``cupy.random.Generator``) or an int seed; required.
+                ``cupy.random.Generator``), an int seed, or a uint32 array
+                of x's shape holding uniform random words (their top bits
+                are used: a counter-based stream); required.
 
         Returns:
             a float32 array of x's shape whose values are this format's

@@ -218,6 +218,13 @@ def _round_nearest_cupy(rounder, x):
 
 
 def _random_bits(rng, xp, shape, nbits):
+    if getattr(rng, 'dtype', None) == _U32:
+        # uniform uint32 words given by the caller (a counter-based
+        # stream, :mod:`ada_loss.formats.counter_rng`): their top bits
+        if tuple(rng.shape) != tuple(shape):
+            raise ValueError('random words of shape {} for values of shape '
+                             '{}'.format(rng.shape, shape))
+        return rng >> _U32(32 - nbits)
     if isinstance(rng, (int, numpy.integer)):
         rng = xp.random.default_rng(int(rng))
     return rng.integers(0, 1 << nbits, size=shape, dtype=_U32)
@@ -240,7 +247,8 @@ def quantize(fmt, x, rounding='nearest', rng=None):
     if rounding == 'stochastic':
         if rng is None:
             raise ValueError("rounding='stochastic' needs rng: a seeded "
-                             "numpy.random.Generator or an int seed")
+                             "numpy.random.Generator, an int seed or an "
+                             "array of uint32 random words")
         if fmt.is_float32:
             return x.copy()
         return fmt._rounder.round(numpy.ascontiguousarray(x)

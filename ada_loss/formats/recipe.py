@@ -24,10 +24,26 @@ Recipes (Transformer Engine, ``transformer_engine/common/recipe``):
   quantize_mx`); the caller gives the axes, and re-quantizes an operand
   used transposed in the backward from its high-precision copy along its
   own reduction there.
+* ``nvfp4`` (``NVFP4BlockScaling``; arXiv 2509.25149): E2M1 elements, E4M3
+  scales per 16 values and an FP32 tensor scale
+  (:func:`~ada_loss.formats.nvfp4.quantize_nvfp4`): W in 16×16 tiles
+  (``tiles='2d'``; ``'1d'``: 1×16 blocks along the reduction), x and gy
+  in 1×16 blocks along each GEMM's reduction; gy stochastically rounded
+  (``sr``) from a counter-based stream whose step counter is per-layer
+  training state (:meth:`GemmScaling.serialize`); the 16-point random
+  Hadamard transform (``rht``) on both operands of the weight-gradient
+  GEMM (:meth:`GemmScaling.quantize_wgrad`); layers named in
+  ``bf16_layers`` stay in BF16 (applied by the training layer).
+* ``blockwise`` (``Float8BlockScaling``, DeepSeek-V3): FP32 scales per
+  1×128 tile of x and gy along each GEMM's reduction and per 128×128 block
+  of W (:func:`~ada_loss.formats.blockwise.quantize_blockwise`); ``pow2``
+  as TE's power-of-two scales.
 
 Per-tensor recipes quantize each tensor once per step (the backward reuses
 the forward's x and W copies, as TE's transposed FP8 copies hold the same
-values); MX quantizes per GEMM.
+values); MX, NVFP4 and blockwise quantize per GEMM (a weight's 2-D tiles
+give the same values in the forward and the dgrad GEMM, as its transposed
+copy does in hardware).
 
 The gradient's scale (``grad``; not in TE): ``'scaled'`` (the default) casts
 gy with the recipe's own scale, as above; ``'loss'`` rounds gy *unscaled*
@@ -38,13 +54,22 @@ while x and W are still cast as the recipe casts them.
 """
 import collections
 
+import numpy
 
+from ada_loss.formats.blockwise import quantize_blockwise
+from ada_loss.formats.counter_rng import fmix32_int
 from ada_loss.formats.float_format import get_format
+from ada_loss.formats.hadamard import pad_to_multiple, random_hadamard
 from ada_loss.formats.mx import SCALE_ROUNDINGS, quantize_mx
+from ada_loss.formats.nvfp4 import quantize_nvfp4
 from ada_loss.formats.per_tensor import (
     DEFAULT_HISTORY, DEFAULT_MARGIN, DelayedScaling, quantize_per_tensor)
 
-RECIPES = ('current', 'delayed', 'mx')
+RECIPES = ('current', 'delayed', 'mx', 'nvfp4', 'blockwise')
+#: recipes that cast per GEMM along its reduction (not once per tensor)
+BLOCK_RECIPES = ('mx', 'nvfp4', 'blockwise')
+#: the weight tiles of the 2-D recipes (NVFP4: 16×16; blockwise: 128×128)
+TILINGS = ('2d', '1d')
 ROLES = ('x', 'w', 'gy')
 #: where the incoming gradient's scale comes from: the recipe, or loss
 #: scaling (gy rounded unscaled into the backward element format)
@@ -60,7 +85,9 @@ OUTPUT_FORMATS = ('float32', 'bfloat16')
 
 class GemmRecipe(collections.namedtuple('GemmRecipe', (
         'kind', 'fwd', 'bwd', 'history', 'margin', 'pow2', 'block_size',
-        'scale_rounding', 'out', 'grad'), defaults=('scaled',))):
+        'scale_rounding', 'out', 'grad', 'rht', 'sr', 'tiles',
+        'bf16_layers', 'seed'),
+        defaults=('scaled', False, False, '1d', (), 0))):
     """A scaled GEMM recipe (see the module docstring).
 
     Attributes:
@@ -74,13 +101,19 @@ class GemmRecipe(collections.namedtuple('GemmRecipe', (
         grad (str): ``'scaled'`` (gy cast with the recipe's scale) or
             ``'loss'`` (gy rounded unscaled into ``bwd``: its scale is loss
             scaling's).
+        rht (bool), sr (bool): NVFP4's Hadamard transform of the wgrad
+            operands and stochastic rounding of gradients.
+        tiles (str): ``'2d'``: W in 2-D tiles (NVFP4 16×16, blockwise
+            128×128); ``'1d'``: 1-D blocks along the reduction.
+        bf16_layers (tuple of str): paths of GEMM layers kept in BF16.
+        seed (int): the seed of stochastic rounding's streams.
     """
 
     __slots__ = ()
 
     @property
     def per_tensor(self):
-        return self.kind != 'mx'
+        return self.kind not in BLOCK_RECIPES
 
     @property
     def grad_loss(self):
@@ -90,17 +123,20 @@ class GemmRecipe(collections.namedtuple('GemmRecipe', (
     @property
     def casts_gy_once(self):
         """True if gy is cast once for both backward GEMMs (per tensor,
-        or unscaled), False if per GEMM along its reduction (MX)."""
+        or unscaled), False if per GEMM along its reduction (MX, NVFP4,
+        blockwise)."""
         return self.per_tensor or self.grad_loss
 
-    def state(self):
-        """A fresh :class:`GemmScaling` for one GEMM layer."""
-        return GemmScaling(self)
+    def state(self, stream=0):
+        """A fresh :class:`GemmScaling` for one GEMM layer; ``stream``
+        (the layer's index) selects its stochastic-rounding stream."""
+        return GemmScaling(self, stream)
 
 
 def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
                 margin=DEFAULT_MARGIN, pow2=False, block_size=32,
-                scale_rounding='up', out='float32', grad='scaled'):
+                scale_rounding='up', out='float32', grad='scaled', rht=False,
+                sr=False, tiles='1d', bf16_layers=(), seed=0):
     """A validated :class:`GemmRecipe`.
 
     Raises:
@@ -122,9 +158,15 @@ def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
     if out.canonical_name not in OUTPUT_FORMATS:
         raise ValueError('out must be one of {}, got {!r}'.format(
             ', '.join(OUTPUT_FORMATS), str(out)))
+    if tiles not in TILINGS:
+        raise ValueError('tiles must be one of {}, got {!r}'.format(
+            ', '.join(TILINGS), tiles))
+    if (rht or sr) and kind != 'nvfp4':
+        raise ValueError('rht and sr are options of the nvfp4 recipe')
     return GemmRecipe(kind, get_format(fwd), get_format(bwd), history,
                       margin, bool(pow2), block_size, scale_rounding, out,
-                      grad)
+                      grad, bool(rht), bool(sr), tiles, tuple(bf16_layers),
+                      int(seed))
 
 
 def _integer(name, value, low, high):
@@ -142,11 +184,18 @@ def _integer(name, value, low, high):
 
 class GemmScaling(object):
     """The scaling of one GEMM layer's operands under a recipe, with its
-    state (the delayed recipe's amax histories, one per role)."""
+    state (the delayed recipe's amax histories, one per role; NVFP4's
+    stochastic-rounding step counter)."""
 
-    def __init__(self, recipe):
+    def __init__(self, recipe, stream=0):
         self.recipe = recipe
         self.delayed = None
+        #: NVFP4's stochastic rounding: this layer's seed (the recipe's
+        #: mixed with the stream) and the count of its stochastic casts,
+        #: the step of the next one's counter-based stream
+        self.sr_seed = fmix32_int(fmix32_int(recipe.seed) ^ (int(stream)
+                                                            + 1))
+        self.sr_step = 0
         if recipe.kind == 'delayed':
             # grad=loss: gy has no recipe scale, hence no history
             self.delayed = collections.OrderedDict(
@@ -162,6 +211,17 @@ class GemmScaling(object):
     @property
     def casts_gy_once(self):
         return self.recipe.casts_gy_once
+
+    @property
+    def rht(self):
+        """True when the weight-gradient GEMM takes Hadamard-transformed
+        operands (:meth:`quantize_wgrad`)."""
+        return self.recipe.rht
+
+    @property
+    def has_state(self):
+        """True when the scaling carries training state to serialize."""
+        return self.delayed is not None or self.recipe.sr
 
     def format(self, role):
         """The element format of an operand role."""
@@ -189,13 +249,53 @@ class GemmScaling(object):
             return quantize_per_tensor(x, self.format(role), pow2=r.pow2)[0]
         if r.kind == 'delayed':
             return self.delayed[role].quantize(x, record)
-        return quantize_mx(x, self.format(role), axis=axes,
-                           block_size=r.block_size,
-                           scale_rounding=r.scale_rounding)
+        if r.kind == 'mx':
+            return quantize_mx(x, self.format(role), axis=axes,
+                               block_size=r.block_size,
+                               scale_rounding=r.scale_rounding)
+        # a weight's 2-D tiles span its first two axes (out × in
+        # channels, at each tap of a convolution), whichever one the GEMM
+        # reduces: the tile is symmetric under the transpose
+        tile = role == 'w' and r.tiles == '2d'
+        if r.kind == 'blockwise':
+            return quantize_blockwise(
+                x, axis=(0, 1) if tile else axes, block_size=r.block_size,
+                tile=(r.block_size,) * 2 if tile else None,
+                element=self.format(role), pow2=r.pow2)
+        return self._nvfp4(role, x, (0, 1) if tile else axes,
+                           (r.block_size,) * 2 if tile else None)
+
+    def _nvfp4(self, role, x, axes, tile=None):
+        """NVFP4 cast of x; gradients stochastically rounded under
+        ``sr`` (each such cast advances the layer's step counter)."""
+        if role == 'gy' and self.recipe.sr:
+            step = self.sr_step
+            self.sr_step += 1
+            return quantize_nvfp4(x, axes, self.recipe.block_size, tile,
+                                  'stochastic', self.sr_seed, step)
+        return quantize_nvfp4(x, axes, self.recipe.block_size, tile)
+
+    def quantize_wgrad(self, gy, x):
+        """The operands of the weight-gradient GEMM under NVFP4 with RHT:
+        ``gy`` (O, R) and ``x`` (K, R), matrices whose last axis is the
+        GEMM's reduction (so every step below runs on contiguous rows),
+        zero-padded to a multiple of 16 along it, each run of 16 values
+        transformed by :func:`random_hadamard` and cast in 1×16 blocks
+        along it (gy stochastically under ``sr``). ``gq @ xq.T`` is then
+        the weight gradient (the transform cancels in exact arithmetic;
+        zero padding adds nothing)."""
+        gy = random_hadamard(pad_to_multiple(gy, -1), -1)
+        x = random_hadamard(pad_to_multiple(x, -1), -1)
+        return self._nvfp4('gy', gy, -1), self._nvfp4('x', x, -1)
 
     def serialize(self, serializer):
         """Chainer's serializer protocol: the delayed recipe's amax
-        histories and scales (nothing for the other recipes)."""
+        histories and scales; NVFP4's stochastic-rounding step counter
+        (nothing for the other recipes)."""
+        if self.recipe.sr:
+            step = serializer('sr_step', numpy.array(self.sr_step,
+                                                     numpy.int64))
+            self.sr_step = int(numpy.asarray(step))
         if self.delayed is None:
             return
         for role, d in self.delayed.items():

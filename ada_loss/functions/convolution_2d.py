@@ -19,14 +19,23 @@ reduces over O·kh·kw: blocks along O. wgrad reduces over N·H'·W': gy in
 blocks along its flattened (N, H', W'), as its im2col rows are; x in blocks
 along its own (N, H, W), where the rows of its im2col (one per tap) are
 shifted windows of it — the same blocks up to that shift and the padding.
+
+NVFP4's random Hadamard transform on the wgrad operands needs the GEMM's
+real reduction (the transform of x's own N·H·W would not cancel against
+gy's through the shifted windows): :func:`_grad_weight_rht` materializes
+the im2col matrix, as Chainer's own wgrad does, and runs the wgrad as a
+matrix product of the transformed, cast matrices.
 """
+import chainer
 from chainer.functions.connection import convolution_2d as _conv
+from chainer.utils import conv as _conv_utils
 import numpy
 from chainer.functions.connection import deconvolution_2d as _deconv
 from chainer.utils import argument
 
 from ada_loss.functions.add import GradAccumulation
 from ada_loss.functions.gemm import GemmFunction, ScaledOutput
+from ada_loss.functions.linear import LinearGradWeight
 from ada_loss.loss_scale.gemm import grad_input_gain
 
 _DETERMINISTIC = ('deterministic argument is not supported anymore. '
@@ -38,9 +47,39 @@ def _check_groups(node):
     scaling = node.scaling
     if scaling is not None and not scaling.per_tensor and node.groups != 1:
         raise ValueError(
-            'MX precisions need groups=1 (got {}): a block along the '
+            'MX, NVFP4 and blockwise precisions need groups=1 (got {}): a '
+            'block along the '
             'channels would span several groups\' reductions'.format(
                 node.groups))
+
+
+def _grad_weight_rht(node, a, b, W, grad_is_a, scale, fit):
+    """The weight gradient of a convolution-shaped wgrad under NVFP4's RHT:
+    ``gW = b_matᵀ · im2col(a)_mat`` (Chainer's Convolution2DGradW with
+    inputs (a, b): a convolution's (x, gy), a deconvolution's (gy, x)),
+    both matrices rows = N·H'·W' (the reduction), cast by the recipe's
+    :meth:`~ada_loss.formats.recipe.GemmScaling.quantize_wgrad` (the
+    gradient stochastically: ``grad_is_a`` says which one it is).
+    Returns (gW of W's shape, the scale it was produced at)."""
+    xp = chainer.backend.get_array_module(a)
+    im2col = _conv_utils.im2col_cpu if xp is numpy else \
+        _conv_utils.im2col_gpu
+    kh, kw = W.shape[2:]
+    col = im2col(a, kh, kw, node.sy, node.sx, node.ph, node.pw,
+                 cover_all=node.cover_all, dy=node.dy, dx=node.dx)
+    n, c, _, _, ho, wo = col.shape
+    # both matrices with the reduction N·H'·W' last: (C·kh·kw, R), (O, R)
+    a_t = xp.ascontiguousarray(col.transpose(1, 2, 3, 0, 4, 5)).reshape(
+        c * kh * kw, n * ho * wo)
+    b_t = xp.ascontiguousarray(b.transpose(1, 0, 2, 3)).reshape(
+        b.shape[1], n * ho * wo)
+    if grad_is_a:
+        a_q, b_q = node.scaling.quantize_wgrad(a_t, b_t)
+    else:
+        b_q, a_q = node.scaling.quantize_wgrad(b_t, a_t)
+    gw_node = LinearGradWeight(W.dtype, scale, node.grad_format, fit)
+    gW, = gw_node.apply((a_q.T, b_q.T))        # b_q · a_qᵀ
+    return chainer.functions.reshape(gW, W.shape), gw_node.applied_scale
 
 
 class Convolution2DGradW(ScaledOutput, _conv.Convolution2DGradW):
@@ -120,6 +159,11 @@ class Convolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
         gW, = node.apply((x, gy))
         return gW, node.applied_scale
 
+    def grad_weight_rht(self, x, W, gy, scale=1, fit=False):
+        """(gW, its scale) on the Hadamard-transformed im2col matrices
+        (NVFP4; arrays in)."""
+        return _grad_weight_rht(self, x, gy, W, False, scale, fit)
+
 
 class Deconvolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
                               _deconv.Deconvolution2DFunction):
@@ -169,6 +213,11 @@ class Deconvolution2DFunction(GradAccumulation, GemmFunction, ScaledOutput,
                                   self.grad_format, fit, scaled_input=0)
         gW, = node.apply((gy, x))
         return gW, node.applied_scale
+
+    def grad_weight_rht(self, x, W, gy, scale=1, fit=False):
+        """(gW, its scale) on the Hadamard-transformed im2col matrices
+        (NVFP4; arrays in)."""
+        return _grad_weight_rht(self, gy, x, W, True, scale, fit)
 
 
 def convolution_2d(x, W, b=None, stride=1, pad=0, cover_all=False,

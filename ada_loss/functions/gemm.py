@@ -272,7 +272,9 @@ class GemmFunction(object):
       once, reusing the forward's x and W copies; MX: per GEMM, re-casting
       W and x from high precision along the dgrad and wgrad reductions;
       ``grad=loss``: once, unscaled, into the recipe's gradient element
-      format, :attr:`stored_grad_format`).
+      format, :attr:`stored_grad_format`; NVFP4 and blockwise FP8 as MX,
+      and under NVFP4's RHT the wgrad GEMM runs on transformed operands:
+      :meth:`grad_weight_rht` of each node).
 
     :meth:`backward` is Chainer's (every scale 1); the ⟨α, δ⟩ backward calls
     :meth:`backward_scaled` with the layer-wise scales instead.
@@ -422,7 +424,7 @@ class GemmFunction(object):
                 if 0 in indexes:
                     gy_d = gy if once else q('gy', g, d_gy)
                     W_d = q('w', W.array, d_w)
-                if 1 in indexes:
+                if 1 in indexes and not self.scaling.rht:
                     gy_w = gy if once else q('gy', g, w_gy)
                     x_w = q('x', x.array, w_x)
             # TE computes the bias gradient from the high-precision gy
@@ -444,8 +446,14 @@ class GemmFunction(object):
                 gy_b, self.bias_axis, self.grad_format, weight_scale,
                 fit_weight_grad)
         if 1 in indexes:
-            gW, w_scale = self.grad_weight(x_w, W, gy_w, weight_grad_scale,
-                                           fit_weight_grad)
+            if self.scaling is not None and self.scaling.rht:
+                # NVFP4: the wgrad GEMM on Hadamard-transformed operands
+                gW, w_scale = self.grad_weight_rht(
+                    x.array, W, gy.array, weight_grad_scale, fit_weight_grad)
+            else:
+                gW, w_scale = self.grad_weight(x_w, W, gy_w,
+                                               weight_grad_scale,
+                                               fit_weight_grad)
             ret.append(gW)
             if gb is not None and w_scale is not weight_grad_scale and \
                     w_scale != weight_grad_scale:

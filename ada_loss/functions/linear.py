@@ -1,4 +1,5 @@
 """Linear layer GEMM, y = x W^T + b (chainer.functions.linear)."""
+import chainer
 from chainer.functions.connection import linear as _linear
 from chainer import utils
 import numpy
@@ -69,6 +70,14 @@ class LinearFunction(GradAccumulation, GemmFunction, ScaledOutput,
         node = LinearGradWeight(W.dtype, scale, self.grad_format, fit)
         gW, = node.apply((x, gy))
         return gW, node.applied_scale
+
+    def grad_weight_rht(self, x, W, gy, scale=1, fit=False):
+        """(gW, its scale) from the recipe's Hadamard-transformed casts of
+        x (N, K) and gy (N, M) along N (NVFP4; arrays in)."""
+        xp = chainer.backend.get_array_module(x)
+        gq, xq = self.scaling.quantize_wgrad(xp.ascontiguousarray(gy.T),
+                                             xp.ascontiguousarray(x.T))
+        return self.grad_weight(xq.T, W, gq.T, scale, fit)
 
 
 def linear(x, W, b=None, n_batch_axes=1, scale_key=None, formats=None,

@@ -38,15 +38,15 @@ class _GemmLink(object):
     #: :func:`ada_loss.training.precision_setup.apply_precision`.
     gemm_formats = None
     #: the layer's :class:`ada_loss.formats.recipe.GemmScaling` under a
-    #: scaled recipe (per-tensor FP8, MX), or None. Set by
+    #: scaled recipe (per-tensor FP8, MX, NVFP4, blockwise), or None. Set by
     #: :func:`ada_loss.training.precision.apply_precision`; its state (the
-    #: delayed recipe's amax histories) is serialized with the link.
+    #: delayed recipe's amax histories, NVFP4's stochastic-rounding step)
+    #: is serialized with the link.
     gemm_scaling = None
 
     def serialize(self, serializer):
         super(_GemmLink, self).serialize(serializer)
-        if self.gemm_scaling is not None and \
-                self.gemm_scaling.delayed is not None:
+        if self.gemm_scaling is not None and self.gemm_scaling.has_state:
             self.gemm_scaling.serialize(serializer['gemm_scaling'])
 
     def _gemm_inputs(self, x):

@@ -1,5 +1,6 @@
 """A precision (:mod:`ada_loss.precision`) applied to a model
 (:func:`apply_precision`) and its optimizer (:func:`setup_optimizer`)."""
+from ada_loss.formats import get_format
 from ada_loss.links import as_batch_normalization_link, as_gemm_link
 from ada_loss.precision import parse_precision
 
@@ -25,15 +26,30 @@ def apply_precision(model, precision):
         for link in model.links():
             as_batch_normalization_link(link)
     paths = []
+    bf16 = () if recipe is None else recipe.bf16_layers
     for path, link in model.namedlinks():
         if formats is None and recipe is None and \
                 not hasattr(link, 'gemm_formats'):
             continue
         if as_gemm_link(link):
-            link.gemm_formats = formats
-            # each layer its own scaling state (delayed: amax histories)
-            link.gemm_scaling = None if recipe is None else recipe.state()
-            paths.append(path.lstrip('/'))
+            name = path.lstrip('/')
+            if name in bf16:
+                # a layer the recipe keeps in BF16 (NVFP4's first and last
+                # layers): as the bf16 precision, no scaled cast
+                link.gemm_formats = (get_format('bfloat16'),) * 2
+                link.gemm_scaling = None
+            else:
+                link.gemm_formats = formats
+                # each layer its own scaling state (delayed: amax
+                # histories; NVFP4: its stochastic-rounding stream)
+                link.gemm_scaling = None if recipe is None else \
+                    recipe.state(stream=len(paths))
+            paths.append(name)
+    missing = [n for n in bf16 if n not in paths]
+    if missing:
+        raise ValueError('bf16 layers {} are not GEMM layers of the model; '
+                         'its GEMM layers: {}'.format(
+                             ', '.join(missing), ', '.join(paths)))
     return paths
 
 

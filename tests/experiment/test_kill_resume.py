@@ -482,3 +482,34 @@ def test_events_match_log_csv_and_loss_scales_csv(tiny):
             hp['precision']) == ('adaptive', 'small_cnn', 'cifar10', 0,
                                  'mixed16')
     assert events[-1][1:] == ('_hparams_/session_end_info', 1)  # SUCCESS
+
+
+def test_nvfp4_stochastic_rounding_survives_kill_and_resume(tmp_path):
+    """NVFP4's stochastic rounding draws from counter-based streams keyed
+    by each layer's step counter, which is in the snapshot: a run killed
+    mid-epoch and while writing a snapshot, then resumed, equals the
+    uninterrupted run bit for bit (with the counter restarted at 0 the
+    resumed steps would reuse the first steps' random words)."""
+    mode = 'none'
+    cifar = ondisk_fixtures.make_cifar10(str(tmp_path))
+    config = write_config(tmp_path, cifar, modes=(mode,), precision='nvfp4')
+    args = ()
+    whole = str(tmp_path / 'whole')
+    proc = run(config, whole, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = str(tmp_path / 'killed')
+    for i, kill in enumerate(('train_batch:5', 'snapshot_write:1')):
+        proc = run(config, out, *args, *(['--resume'] if i else []),
+                   kill=kill)
+        assert killed(proc), (kill, proc.returncode, proc.stderr[-2000:])
+    proc = run(config, out, *args, '--resume')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    folder = os.path.join(out, 'kill', cell(mode))
+    assert_same_run(folder, os.path.join(whole, 'kill', cell(mode)))
+    arrays = run_state(folder)[0]
+    steps = {k: int(v) for k, v in arrays.items()
+             if k.endswith('gemm_scaling/sr_step')}
+    assert len(steps) == 4                 # conv1..3, fc
+    # 8 steps, two stochastic casts of gy each (dgrad, wgrad); conv1 has
+    # no dgrad (its input needs no gradient)
+    assert sorted(steps.values()) == [8, 16, 16, 16]
