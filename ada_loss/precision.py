@@ -277,9 +277,9 @@ def _scaled(base, arg):
         o = _options(arg, _PER_TENSOR_OPTIONS)
         kind = o.get('recipe')
         if kind not in ('current', 'delayed'):
-            raise ValueError('recipe=current or recipe=delayed is required '
-                             '(recipe=blockwise is fp8:recipe=blockwise), '
-                             'got {!r}'.format(kind))
+            raise ValueError('recipe=current or recipe=delayed is required, '
+                             'got {!r} (recipe=blockwise is '
+                             'fp8:recipe=blockwise)'.format(kind))
         if kind == 'current' and ('history' in o or 'margin' in o):
             raise ValueError('history and margin are options of '
                              'recipe=delayed')
