@@ -294,7 +294,11 @@ class AdaLossScaled(object):
             else:
                 alpha = loss_gradient_scale(entry.second(), entry.peak,
                                             self.t_uf, self.fmt)
-            self.init_scale = self._cap_accum(1.0, alpha)
+            # a very confident batch has a loss gradient near FP32's
+            # smallest numbers: its Eq. 1 or top-binade scale can exceed
+            # FP32's range, where every scaled gradient overflows
+            self.init_scale = self._cap_accum(1.0, min(alpha,
+                                                       MAX_LOSS_SCALE))
         new = set(bp.foreign_gemms) - self._foreign_reported
         if new:
             self._foreign_reported |= new
@@ -442,6 +446,11 @@ class AdaLossScaled(object):
 
 #: the values of ``init_scale`` that set α_{N+1} from the loss gradient
 INIT_RULES = (None, 'auto', 'amax')
+
+#: the largest α_{N+1} that ``init_scale='auto'|'amax'`` sets (2^64): far
+#: above any scale a gradient needs, and far enough below FP32's largest
+#: value (2^128) that a scaled gradient of magnitude ≤ 2^64 stays finite
+MAX_LOSS_SCALE = 2.0 ** 64
 
 #: the backoff's key for α_{N+1}, the loss gradient's scale
 LOSS = '(loss)'

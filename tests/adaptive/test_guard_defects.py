@@ -310,3 +310,34 @@ def test_mx_recipes_do_not_count_finite_fp32_gradients_as_overflows(
     assert not any(skipped)
     grads = [p.grad for p in model.params() if p.grad is not None]
     assert grads and all(np.isfinite(g).all() for g in grads)
+
+
+# -- found in review: α_{N+1} from a very confident batch -------------------
+class Confident(chainer.Chain):
+    """A Linear whose logit margin is ~84 for x = 0.7: the softmax-CE
+    gradient is ~1e-37, near FP32's smallest normal numbers."""
+
+    def __init__(self):
+        super(Confident, self).__init__()
+        with self.init_scope():
+            self.l = AL.Linear(2, 2, initialW=np.array(
+                [[60., 0], [0, -60.]], np.float32), initial_bias=0.0)
+
+    def forward(self, x):
+        return self.l(x)
+
+
+@pytest.mark.parametrize('mode', ['adaptive:init_scale=amax',
+                                  'adaptive:init_scale=auto'])
+def test_loss_gradient_scale_stays_inside_fp32(mode):
+    """Its top-binade scale was 2^131 (Inf in FP32): the next, ordinary
+    batch overflowed every gradient and was skipped. α_{N+1} is capped at
+    2^64."""
+    xs = [0.70, 0.70, 0.01, 0.01]
+    batches = [(np.full((2, 2), v, np.float32), np.zeros(2, np.int32))
+               for v in xs]
+    updater, scaling, skipped, model = _trainer_steps(
+        Confident(), 'fwd=float32,bwd=fp8_e4m3', mode, batches)
+    assert not any(skipped), updater.last_skip
+    assert scaling.ada.init_scale <= 2.0 ** 64
+    assert all(np.isfinite(p.array).all() for p in model.params())
