@@ -103,7 +103,10 @@ def _mutate_keys(data, mutation):
     elif how == 'reshape':
         arrays[key] = np.zeros(a.shape + (2,), a.dtype)
     elif how == 'retype':
-        arrays[key] = a.astype(dtype)
+        try:
+            arrays[key] = a.astype(dtype)
+        except (TypeError, ValueError):      # text (skipped layers' names)
+            arrays[key] = np.zeros(a.shape, dtype)
     elif how == 'scalar_to_array':
         arrays[key] = np.zeros((3,), a.dtype)
     else:
