@@ -317,27 +317,36 @@ def paired(cfg, runs):
     by seed: the mean difference (points) with its 95 % interval, the
     verdict (ahead / level / behind: the interval above, containing or
     below 0) and the seeds where the method is ahead."""
-    header = ['Depth', 'Precision', 'Method', 'Method', 'Fixed (held-out)',
-              'Method − Fixed (held-out), mean ± 95 %', 'verdict', 'ahead']
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-    for m in cfg.grid.models:
-        for p in (str(p) for p in cfg.grid.precisions):
-            fixed, _ = held_out_fixed(runs, p, m)
-            if not fixed:
-                continue
-            for mode in _method_modes(runs, p, m):
-                mine = _by_seed(runs[(p, m, mode)])
-                diffs = _differences(mine, fixed)
-                if not diffs:
-                    continue
-                v = V.paired(diffs)
-                lines.append('| {} | {} | {} | {} | {} | {} | {} | {}/{} |'
-                             .format(m, p, mode,
-                                     cell_text(stats(list(mine.values()))),
-                                     cell_text(stats(list(fixed.values()))),
-                                     V.paired_text(v), v.verdict,
-                                     sum(d > 0 for d in diffs), len(diffs)))
-    return '\n'.join(lines)
+    def pairs():
+        for m in cfg.grid.models:
+            for p in (str(p) for p in cfg.grid.precisions):
+                fixed, _ = held_out_fixed(runs, p, m)
+                if fixed:
+                    for mode in _method_modes(runs, p, m):
+                        yield m, p, mode, _by_seed(runs[(p, m, mode)]), fixed
+    return _paired_table('Fixed (held-out)', pairs())
+
+
+def _paired_table(theirs_label, pairs):
+    """The paired table of ``pairs`` — (model, precision, mode, {seed: run}
+    of the method, {seed: run} it is compared with) — with the mean paired
+    difference, its 95 % interval, the verdict and the seeds ahead (the
+    header alone when no pair has a seed both finished)."""
+    header = ['Depth', 'Precision', 'Method', 'Method', theirs_label,
+              'Method − {}, mean ± 95 %'.format(theirs_label), 'verdict',
+              'ahead']
+    lines = []
+    for m, p, mode, mine, theirs in pairs:
+        diffs = _differences(mine, theirs)
+        if not diffs:
+            continue
+        v = V.paired(diffs)
+        lines.append('| {} | {} | {} | {} | {} | {} | {} | {}/{} |'.format(
+            m, p, mode, cell_text(stats(list(mine.values()))),
+            cell_text(stats(list(theirs.values()))), V.paired_text(v),
+            v.verdict, sum(d > 0 for d in diffs), len(diffs)))
+    return '\n'.join(['| ' + ' | '.join(header) + ' |',
+                      '|' + '---|' * len(header)] + lines)
 
 
 def without_grad_loss(precision):
@@ -358,31 +367,17 @@ def recipe_paired(cfg, runs, base_mode='none'):
     with its own gradient scaling (the same precision without
     ``grad=loss``, mode ``none``), paired by seed, with the 95 % interval
     and the verdict."""
-    header = ['Depth', 'Precision', 'Method', 'Method', 'Recipe',
-              'Method − Recipe, mean ± 95 %', 'verdict', 'ahead']
-    lines = []
-    for m in cfg.grid.models:
-        for p in (str(p) for p in cfg.grid.precisions):
-            base = without_grad_loss(p)
-            if base is None:
-                continue
-            theirs = _by_seed(runs.get((base, m, base_mode), []))
-            for mode in _method_modes(runs, p, m):
-                mine = _by_seed(runs[(p, m, mode)])
-                diffs = _differences(mine, theirs)
-                if not diffs:
+    def pairs():
+        for m in cfg.grid.models:
+            for p in (str(p) for p in cfg.grid.precisions):
+                base = without_grad_loss(p)
+                if base is None:
                     continue
-                v = V.paired(diffs)
-                lines.append('| {} | {} | {} | {} | {} | {} | {} | {}/{} |'
-                             .format(m, p, mode,
-                                     cell_text(stats(list(mine.values()))),
-                                     cell_text(stats(list(theirs.values()))),
-                                     V.paired_text(v), v.verdict,
-                                     sum(d > 0 for d in diffs), len(diffs)))
-    if not lines:
-        return ''
-    return '\n'.join(['| ' + ' | '.join(header) + ' |',
-                      '|' + '---|' * len(header)] + lines)
+                theirs = _by_seed(runs.get((base, m, base_mode), []))
+                for mode in _method_modes(runs, p, m):
+                    yield m, p, mode, _by_seed(runs[(p, m, mode)]), theirs
+    table = _paired_table('Recipe', pairs())
+    return table if table.count('\n') > 1 else ''
 
 
 #: a run collapses when it ends more than this many points below FP32
