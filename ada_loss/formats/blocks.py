@@ -19,6 +19,9 @@ is dropped on the way back. NumPy or CuPy.
 import numpy
 
 from ada_loss.formats.mx import _as_axes
+from ada_loss.formats.quantize import array_module
+
+_F32 = numpy.float32
 
 
 class BlockLayout(object):
@@ -133,3 +136,36 @@ class BlockLayout(object):
         moved = flat.reshape(self.lead + tuple(self.shape[a]
                                                for a in self.axes))
         return xp.ascontiguousarray(xp.transpose(moved, self.inverse))
+
+
+def finite_blocks(x, axis, block_size, tile, name):
+    """The start of a block-scaled cast: float32 (or float16, widened) ``x``
+    in blocks, each block's amax with a NaN/Inf block's set to 0, and the
+    mask of those blocks (None when there is none).
+
+    Returns ``(xp, layout, blocks, amax, bad)``; ``name`` is the caller's,
+    for the error on another dtype."""
+    xp = array_module(x)
+    if x.dtype == numpy.float16:
+        x = x.astype(_F32)
+    if x.dtype != _F32:
+        raise TypeError('{} expects a float32 (or float16) array, got {}'
+                        .format(name, x.dtype))
+    layout = BlockLayout(x.shape, axis, block_size, tile)
+    blocks = layout.to_blocks(x, xp)
+    with numpy.errstate(invalid='ignore'):
+        amax = layout.amax(blocks, xp)
+    bad = ~xp.isfinite(amax)
+    if bool(bad.any()):
+        amax = xp.where(bad, _F32(0), amax)
+    else:
+        bad = None
+    return xp, layout, blocks, amax, bad
+
+
+def finish_blocks(q, bad, layout, xp):
+    """The end of a block-scaled cast: the NaN/Inf blocks (``bad``) made
+    NaN, the blocks back in the tensor's shape."""
+    if bad is not None:
+        q = xp.where(bad, _F32(numpy.nan), q)
+    return layout.from_blocks(q, xp)

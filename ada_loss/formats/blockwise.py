@@ -21,7 +21,7 @@ default. NumPy or CuPy.
 """
 import numpy
 
-from ada_loss.formats.blocks import BlockLayout
+from ada_loss.formats.blocks import finish_blocks, finite_blocks
 from ada_loss.formats.float_format import get_format
 from ada_loss.formats.quantize import array_module
 
@@ -60,30 +60,16 @@ def quantize_blockwise(x, axis=-1, block_size=128, tile=None,
         pow2: power-of-two scales.
         return_scales: also return the block scales.
     """
-    xp = array_module(x)
-    if x.dtype == numpy.float16:
-        x = x.astype(_F32)
-    if x.dtype != _F32:
-        raise TypeError('quantize_blockwise expects a float32 (or float16) '
-                        'array, got {}'.format(x.dtype))
+    xp, layout, blocks, amax, bad = finite_blocks(
+        x, axis, block_size, tile, 'quantize_blockwise')
     fmt = get_format(element)
-    layout = BlockLayout(x.shape, axis, block_size, tile)
-    blocks = layout.to_blocks(x, xp)
-    with numpy.errstate(invalid='ignore'):
-        amax = layout.amax(blocks, xp)
-    bad = ~xp.isfinite(amax)
-    any_bad = bool(bad.any())
-    if any_bad:
-        amax = xp.where(bad, _F32(0), amax)
     s = block_scales(amax, fmt, pow2)
     with numpy.errstate(over='ignore', invalid='ignore'):
         y = blocks * s
     xp.clip(y, _F32(-fmt.u_max), _F32(fmt.u_max), out=y)
     q = fmt.quantize(y)
     q *= _F32(1) / s
-    if any_bad:
-        q = xp.where(bad, _F32(numpy.nan), q)
-    out = layout.from_blocks(q, xp)
+    out = finish_blocks(q, bad, layout, xp)
     if return_scales:
         return out, layout.scales(s)
     return out

@@ -36,7 +36,7 @@ NumPy or CuPy.
 """
 import numpy
 
-from ada_loss.formats.blocks import BlockLayout
+from ada_loss.formats.blocks import finish_blocks, finite_blocks
 from ada_loss.formats.counter_rng import random_words
 from ada_loss.formats.float_format import get_format
 from ada_loss.formats.quantize import array_module
@@ -82,20 +82,8 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
     if rounding not in ROUNDINGS:
         raise ValueError("rounding must be 'nearest' or 'stochastic', got "
                          "{!r}".format(rounding))
-    xp = array_module(x)
-    if x.dtype == numpy.float16:
-        x = x.astype(_F32)
-    if x.dtype != _F32:
-        raise TypeError('quantize_nvfp4 expects a float32 (or float16) '
-                        'array, got {}'.format(x.dtype))
-    layout = BlockLayout(x.shape, axis, block_size, tile)
-    blocks = layout.to_blocks(x, xp)
-    with numpy.errstate(invalid='ignore'):
-        vmax = layout.amax(blocks, xp)
-    bad = ~xp.isfinite(vmax)
-    any_bad = bool(bad.any())
-    if any_bad:
-        vmax = xp.where(bad, _F32(0), vmax)
+    xp, layout, blocks, vmax, bad = finite_blocks(
+        x, axis, block_size, tile, 'quantize_nvfp4')
     # the tensor's amax is its largest block amax (the NaN/Inf blocks
     # left out): no second pass over x
     # (a Python float: exact, and a CuPy 0-d array converts only so)
@@ -119,9 +107,7 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
         q = e2m1.quantize(y)
     q *= s
     q *= dec
-    if any_bad:
-        q = xp.where(bad, _F32(numpy.nan), q)
-    out = layout.from_blocks(q, xp)
+    out = finish_blocks(q, bad, layout, xp)
     if return_scales:
         return out, layout.scales(s), dec
     return out
