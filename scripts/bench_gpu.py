@@ -39,6 +39,7 @@ from gpu_helpers import (  # NOQA: E402 (tests/ on sys.path)
 
 DEVICE = '@cupy:0'
 MODELS = {'resnet20': dict(batch=128, insize=32, num_classes=10),
+          'resnet110': dict(batch=128, insize=32, num_classes=10),
           'resnet50': dict(batch=64, insize=224, num_classes=1000)}
 
 
@@ -98,9 +99,26 @@ def statistics_vs_gemms(model, repeats):
                               gemms_ms=gm))
         stats_ms += st
         gemm_ms += gm
+    # The same with all layers' weight statistics in one launch (what the
+    # backward does on a β update since issue 35): that launch, plus each
+    # layer's gradient-moments-and-β launch given its weight statistics.
+    from ada_loss.loss_scale import device as dev
+    used = [(func, W, g) for func, W, g in captured
+            if gemms.get(func.scale_key) is not None]
+    weights = [(W, func.grad_input_axes) for func, W, _ in used]
+    batched_ms = gpu_ms(lambda: dev.weight_statistics_many(weights), repeats)
+    rows = dev.weight_statistics_many(weights)
+    grad_ms = 0.0
+    for (func, W, g), row in zip(used, rows):
+        grad_ms += gpu_ms(lambda: dev.gemm_loss_scale(
+            W, g, ada.t_uf, ada.fmt, bound=ada.bound,
+            axes=func.grad_input_axes, max_scale=ada.max_layer_scale,
+            w_stats=row), repeats)
     return dict(model=model, batch=MODELS[model]['batch'],
                 layers=len(per_layer), statistics_ms=stats_ms,
                 gemms_ms=gemm_ms, ratio=stats_ms / gemm_ms,
+                batched_weights_ms=batched_ms, gradient_ms=grad_ms,
+                ratio_batched=(batched_ms + grad_ms) / gemm_ms,
                 per_layer=per_layer)
 
 
@@ -194,11 +212,11 @@ def first_waiting_function(backward, seconds):
     return probe.first
 
 
-def step_times(model, repeats):
+def step_times(model, repeats, interval=100):
     """(c) for one model: medians of interleaved, synchronized steps."""
     configs = [('float32', 'fp32'), ('mixed16', 'fixed:128'),
                ('mixed16', 'adaptive'),
-               ('mixed16', 'adaptive:update_interval=100')]
+               ('mixed16', 'adaptive:update_interval={}'.format(interval))]
     steps = {c: _step(model, c[1], c[0]) for c in configs}
     for _ in range(3):
         for st in steps.values():
@@ -218,8 +236,10 @@ def step_times(model, repeats):
         model=model, batch=batch, repeats=repeats,
         seconds={'{} {}'.format(*c): v for c, v in med.items()},
         adaptive_over_fixed_interval1=med[('mixed16', 'adaptive')] / fixed,
-        adaptive_over_fixed_interval100=med[
-            ('mixed16', 'adaptive:update_interval=100')] / fixed,
+        interval=interval,
+        adaptive_over_fixed_interval=med[
+            ('mixed16', 'adaptive:update_interval={}'.format(interval))]
+        / fixed,
         images_per_second_float32=batch / med[('float32', 'fp32')],
         images_per_second_mixed16=batch / fixed)
 
@@ -230,6 +250,8 @@ def main():
     p.add_argument('--models', default='resnet20,resnet50')
     p.add_argument('--json', help='also write the records here')
     p.add_argument('--parts', default='abc', help='which of (a), (b), (c)')
+    p.add_argument('--interval', type=int, default=100,
+                   help='update interval of the second adaptive step in (c)')
     args = p.parse_args()
     props = cupy.cuda.runtime.getDeviceProperties(0)
     info = dict(gpu=props['name'].decode(), cupy=cupy.__version__,
@@ -243,7 +265,9 @@ def main():
         r = statistics_vs_gemms(m, args.repeats)
         print('(a) {model} batch {batch}: statistics {statistics_ms:.3f} ms '
               '/ backward GEMMs {gemms_ms:.3f} ms over {layers} layers = '
-              '{ratio:.4f}'.format(**r), flush=True)
+              '{ratio:.4f}; weights of all layers in one launch '
+              '{batched_weights_ms:.3f} ms + gradients {gradient_ms:.3f} ms '
+              '= {ratio_batched:.4f}'.format(**r), flush=True)
         out['statistics'].append(r)
     for m in models if 'b' in args.parts else ():
         r = synchronizations(m)
@@ -258,15 +282,15 @@ def main():
               flush=True)
         out['synchronizations'].append(r)
     for m in models if 'c' in args.parts else ():
-        r = step_times(m, args.repeats)
+        r = step_times(m, args.repeats, args.interval)
         print('(c) {} batch {}, medians of {} interleaved steps:'.format(
             m, r['batch'], r['repeats']))
         for k, v in r['seconds'].items():
             print('    {:<40s} {:8.4f} s'.format(k, v))
         print('    adaptive / fixed:128 (mixed16): interval 1 {:.3f}, '
-              'interval 100 {:.3f}'.format(
-                  r['adaptive_over_fixed_interval1'],
-                  r['adaptive_over_fixed_interval100']))
+              'interval {} {:.3f}'.format(
+                  r['adaptive_over_fixed_interval1'], r['interval'],
+                  r['adaptive_over_fixed_interval']))
         print('    images/s: float32 {:.0f}, mixed16 {:.0f}'.format(
             r['images_per_second_float32'], r['images_per_second_mixed16']),
             flush=True)

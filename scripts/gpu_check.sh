@@ -16,7 +16,7 @@ WHEELS=${2:-.whl}
 PY=${PYTHON:-python3}
 # A private environment over the machine's packages (NumPy, CuPy, ...):
 # only the wheels go into it, and the start-up hook of _chainer_compat.
-ENV=$(mktemp -d)/env
+ENV=${GPU_ENV:-$(mktemp -d)/env}   # GPU_ENV= to keep it for later commands
 "$PY" -m venv --system-site-packages --without-pip "$ENV" || exit 1
 "$PY" -m pip --python "$ENV/bin/python" install -q --no-index --no-deps \
   --no-compile "$WHEELS"/*.whl \
@@ -28,6 +28,8 @@ ENV=$(mktemp -d)/env
 PY="$ENV/bin/python"
 "$PY" ada_loss/_chainer_compat.py --write-startup-hook || exit 1
 export PYTHONUNBUFFERED=1
+# the checkout itself, not a wheel of it, is what runs
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 rc=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -44,9 +46,24 @@ print('compatibility patches', ada_loss._chainer_compat.applied)
 PY
 } 2>&1 | tee "$OUT/env.txt" || rc=1
 if [ "${GPU_TESTS:-yes}" != no ]; then
-  "$PY" -m pytest -p no:cacheprovider -m gpu -rs -q tests 2>&1 \
-    | tee "$OUT/tests.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  # PYTEST_ARGS, e.g. "-n 8 --dist loadfile" (pytest-xdist, where the
+  # machine has it); a test failing there is run again on its own below
+  # shell word splitting of PYTEST_ARGS is wanted
+  # shellcheck disable=SC2086
+  "$PY" -m pytest -p no:cacheprovider -m gpu -rs -q ${PYTEST_ARGS:-} tests \
+    2>&1 | tee "$OUT/tests.txt"
+  if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+    failed=$(grep -oE '^(FAILED|ERROR) tests/[^ ]+' "$OUT/tests.txt" \
+      | awk '{print $2}' | sort -u)
+    if [ -n "${PYTEST_ARGS:-}" ] && [ -n "$failed" ]; then
+      echo "=== the failed tests again, one process ===" \
+        | tee -a "$OUT/tests.txt"
+      # shellcheck disable=SC2086
+      "$PY" -m pytest -p no:cacheprovider -rs -q $failed 2>&1 \
+        | tee -a "$OUT/tests.txt"
+    fi
+    rc=1
+  fi
 fi
 "$PY" scripts/bench_gpu.py --json "$OUT/bench_gpu.json" ${BENCH_ARGS:-} 2>&1 \
   | tee "$OUT/bench_gpu.txt"

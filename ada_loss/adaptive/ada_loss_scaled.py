@@ -6,7 +6,8 @@ import warnings
 import chainer
 import numpy
 
-from ada_loss.adaptive.backward import NonFinite, ScaledBackprop, gemm_key
+from ada_loss.adaptive.backward import (
+    NonFinite, ScaledBackprop, gemm_key, gemm_nodes)
 from ada_loss.formats import get_format
 from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.links import as_gemm_link
@@ -231,10 +232,37 @@ class AdaLossScaled(object):
                          self.max_accum_scale, self.fmt), self.fmt)
 
     def _gemm_scale_on_device(self, func, W, g):
-        """β as a 0-d device array (CuPy kernels, no synchronization)."""
+        """β as a 0-d device array (CuPy kernels, no synchronization); the
+        weight statistics come from the pass's one batched launch
+        (:meth:`_batch_weight_statistics`) when it covered this GEMM."""
+        w_stats = self._device_w_stats.pop(id(func), None)
         return device_kernels().gemm_loss_scale(
             W, g, self.t_uf, self.fmt, bound=self.bound,
-            axes=func.grad_input_axes, max_scale=self.max_layer_scale)
+            axes=func.grad_input_axes, max_scale=self.max_layer_scale,
+            w_stats=w_stats)
+
+    #: {id(GEMM node): its weight statistics on the device} of this pass
+    _device_w_stats = {}
+    #: whether β comes from Algorithm 4's weight statistics (a subclass
+    #: whose rule does not read them sets False: nothing is batched)
+    uses_weight_statistics = True
+
+    def _batch_weight_statistics(self, loss):
+        """The weight statistics of every GEMM of the pass that takes an
+        input gradient, in one launch (per storage dtype) before the
+        backward starts, instead of one launch per layer as the backward
+        meets it (issue 35 item 1: on a GPU a launch costs more than a small
+        layer's statistics). A β update step only: between updates the
+        cached β's are used and no statistics are computed."""
+        nodes = gemm_nodes(loss)
+        if not nodes:
+            return {}
+        rows = device_kernels().weight_statistics_many(
+            [(f.gemm_weight(), f.grad_input_axes
+              if f.grad_input_axes is not None else
+              tuple(i for i in range(f.gemm_weight().ndim) if i != 1))
+             for f in nodes])
+        return {id(f): r for f, r in zip(nodes, rows)}
 
     def _cap_accum(self, alpha, beta):
         if self.max_accum_scale is None:
@@ -283,9 +311,15 @@ class AdaLossScaled(object):
         k = self._backoff.get(LOSS, 0)
         if k:
             init_scale = _backed_off(init_scale, k, 1.0)
+        self._device_w_stats = {}
+        if (not isinstance(loss.array, numpy.ndarray)
+                and self.style == 'paper' and self.uses_weight_statistics
+                and (self.iteration - 1) % self.update_interval == 0):
+            self._device_w_stats = self._batch_weight_statistics(loss)
         bp = ScaledBackprop(self._gemm_scale, self.fmt.u_max, self._observe,
                             self._weight_scale, entry, guard=guard)
         bp.run(loss, init_scale)
+        self._device_w_stats = {}
         self._last_pass = bp
         self._records = bp.gemm_records
         if entry is not None and entry.count and bp.loss_finite:

@@ -46,6 +46,8 @@ class AmaxLossScaled(AdaLossScaled):
     value its scale could hold, so the next scale is at least halved.
     """
 
+    uses_weight_statistics = False     # the amax rule reads no W
+
     def __init__(self, model, init_scale=1.0, margin=8, history=16,
                  fmt='float16', max_accum_scale=2.0 ** 24, guard=True,
                  backoff_window=100, verbose=True):

@@ -109,6 +109,23 @@ def _stored_format(func, g):
     return None
 
 
+def gemm_nodes(loss):
+    """The scale-aware GEMM nodes of the graph behind ``loss`` that take an
+    input gradient (those whose β Algorithm 4 computes), in no particular
+    order: a walk over the function nodes alone, before the backward."""
+    found, seen = [], set()
+    stack = [loss.creator_node]
+    while stack:
+        f = stack.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        if isinstance(f, GemmFunction) and f.inputs[0].requires_grad:
+            found.append(f)
+        stack.extend(x.creator_node for x in f.inputs)
+    return found
+
+
 class HostScales(object):
     """How one backward pass on NumPy arrays holds its scales: Python
     floats. :class:`ScaledBackprop` chooses this or :class:`DeviceScales`

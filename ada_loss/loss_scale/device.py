@@ -28,6 +28,7 @@ import functools
 import math
 
 import cupy
+import numpy
 
 from ada_loss.formats import get_format
 from ada_loss.loss_scale.gemm import check_bound, erfinv, reference_fan
@@ -201,16 +202,30 @@ extern "C" __global__ void moments_f16(const unsigned short* x, long long n,
     moments<unsigned short>(x, n, psum, pmax, counter, out);
 }
 
-// W seen as (A, J, B), J the axis the input-gradient GEMM keeps: block j
-// sums |W| over (a, b) (the 'output' bound's column sums) and W^2, max|W|
-// in the same pass; the last block writes out = (E[W^2], max|W|,
-// max_j sum_ab |W|). One launch for all of a layer's weight statistics.
+// True (in every thread) in the block that is the last of `total` blocks
+// counting on `counter` to finish; it resets the counter for the next launch.
+__device__ bool last_of(unsigned int* counter, long long total) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == (unsigned int)(total - 1);
+        if (last) *counter = 0u;
+    }
+    __syncthreads();
+    return last;
+}
+
+// W seen as (A, J, B), J the axis the input-gradient GEMM keeps: column j
+// (one block) sums |W| over (a, b) (the 'output' bound's column sums) and
+// W^2, max|W| in the same pass; the block that finishes the layer's last
+// column writes out = (E[W^2], max|W|, max_j sum_ab |W|). Shared by the
+// one-layer and the many-layer kernels, so both give the same bits.
 template <typename T>
-__device__ void weight_stats(const T* w, long long A, long long J,
-                             long long B, double* pcol, double* psq,
-                             float* pmax, unsigned int* counter,
-                             double* out) {
-    long long j = blockIdx.x;
+__device__ void weight_column(const T* w, long long A, long long J,
+                              long long B, long long j, double* pcol,
+                              double* psq, float* pmax,
+                              unsigned int* counter, double* out) {
     double c = 0.0, q = 0.0, unused = 0.0;
     float m = 0.0f;
     for (long long k = threadIdx.x; k < A * B; k += blockDim.x) {
@@ -228,7 +243,7 @@ __device__ void weight_stats(const T* w, long long A, long long J,
         psq[j] = q;
         pmax[j] = m;
     }
-    if (!last_block(counter)) return;
+    if (!last_of(counter, J)) return;
     double s = 0.0, g = 0.0;
     m = 0.0f;
     for (long long i = threadIdx.x; i < J; i += blockDim.x) {
@@ -244,15 +259,56 @@ __device__ void weight_stats(const T* w, long long A, long long J,
     }
 }
 
+// One layer: J blocks.
 extern "C" __global__ void weight_stats_f32(const float* w, long long A,
         long long J, long long B, double* pcol, double* psq, float* pmax,
         unsigned int* counter, double* out) {
-    weight_stats<float>(w, A, J, B, pcol, psq, pmax, counter, out);
+    weight_column<float>(w, A, J, B, blockIdx.x, pcol, psq, pmax, counter,
+                         out);
 }
 extern "C" __global__ void weight_stats_f16(const unsigned short* w,
         long long A, long long J, long long B, double* pcol, double* psq,
         float* pmax, unsigned int* counter, double* out) {
-    weight_stats<unsigned short>(w, A, J, B, pcol, psq, pmax, counter, out);
+    weight_column<unsigned short>(w, A, J, B, blockIdx.x, pcol, psq, pmax,
+                                  counter, out);
+}
+
+// L layers in one launch (the weight statistics of a whole model once per
+// beta update, instead of one launch per layer): layer l's columns are the
+// blocks first[l] .. first[l+1]-1; ptrs[l] its data, dims[3l..3l+2] its
+// (A, J, B); its partials at offset first[l] of the scratch, its own counter,
+// its result at out[3l..3l+2].
+template <typename T>
+__device__ void weight_stats_many(const unsigned long long* ptrs,
+                                  const long long* dims,
+                                  const long long* first, int L,
+                                  double* pcol, double* psq, float* pmax,
+                                  unsigned int* counters, double* out) {
+    long long blk = blockIdx.x;
+    int lo = 0, hi = L - 1;           // the layer holding this block
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (first[mid] <= blk) lo = mid; else hi = mid - 1;
+    }
+    long long off = first[lo];
+    weight_column<T>((const T*)ptrs[lo], dims[3 * lo], dims[3 * lo + 1],
+                     dims[3 * lo + 2], blk - off, pcol + off, psq + off,
+                     pmax + off, counters + lo, out + 3 * lo);
+}
+
+extern "C" __global__ void weight_stats_many_f32(
+        const unsigned long long* ptrs, const long long* dims,
+        const long long* first, int L, double* pcol, double* psq,
+        float* pmax, unsigned int* counters, double* out) {
+    weight_stats_many<float>(ptrs, dims, first, L, pcol, psq, pmax,
+                             counters, out);
+}
+extern "C" __global__ void weight_stats_many_f16(
+        const unsigned long long* ptrs, const long long* dims,
+        const long long* first, int L, double* pcol, double* psq,
+        float* pmax, unsigned int* counters, double* out) {
+    weight_stats_many<unsigned short>(ptrs, dims, first, L, pcol, psq,
+                                      pmax, counters, out);
 }
 
 // The incoming gradient's moments and, in the last block, beta from the
@@ -355,11 +411,34 @@ class _Workspace(object):
                                                        '--fmad=false'))
         self.kernels = {}
         for name in ('moments_f32', 'moments_f16', 'weight_stats_f32',
-                     'weight_stats_f16', 'grad_beta_f32', 'grad_beta_f16',
-                     'cap_accum', 'common_scale'):
+                     'weight_stats_f16', 'weight_stats_many_f32',
+                     'weight_stats_many_f16', 'grad_beta_f32',
+                     'grad_beta_f16', 'cap_accum', 'common_scale'):
             self.kernels[name] = module.get_function(name)
         self.counter = cupy.zeros(1, dtype=cupy.uint32)
         self._scratch = {}
+        self._counters = cupy.zeros(0, dtype=cupy.uint32)
+        self._tables = {}
+
+    def counters(self, n):
+        """At least ``n`` zero counters (each launch's last block resets
+        its own)."""
+        if self._counters.size < n:
+            self._counters = cupy.zeros(max(n, 2 * self._counters.size),
+                                        dtype=cupy.uint32)
+        return self._counters
+
+    def table(self, values):
+        """``values`` (a tuple of int64s) as a device array, kept: a model's
+        layer table is the same step after step, so it crosses to the device
+        once (CuPy stages the copy through pinned memory: no wait)."""
+        t = self._tables.get(values)
+        if t is None:
+            if len(self._tables) > 64:      # weights moved (new arrays)
+                self._tables.clear()
+            t = self._tables[values] = cupy.asarray(
+                numpy.array(values, dtype=numpy.int64))
+        return t
 
     def scratch(self, n):
         """(float64[n], float64[n], float32[n]) reused by every launch."""
@@ -439,14 +518,7 @@ def weight_statistics(W, axes):
     if W.size == 0:
         out[...] = 0
         return out
-    keep = [i for i in range(W.ndim) if i not in axes]
-    if len(keep) != 1:
-        raise ValueError('axes must leave exactly one axis of W, got {} for '
-                         'shape {}'.format(axes, W.shape))
-    k = keep[0]
-    A = int(math.prod(W.shape[:k]))
-    J = int(W.shape[k])
-    B = int(math.prod(W.shape[k + 1:]))
+    A, J, B = _column_view(W, axes)
     x, suffix = _flat(W)
     ws = _workspace()
     pcol, psq, pmax = ws.scratch(max(J, _MAX_BLOCKS))
@@ -454,6 +526,62 @@ def weight_statistics(W, axes):
         x, cupy.int64(A), cupy.int64(J), cupy.int64(B), pcol, psq, pmax,
         ws.counter, out))
     return out
+
+
+def _column_view(W, axes):
+    """(A, J, B) of W seen with J the one axis ``axes`` leave."""
+    keep = [i for i in range(W.ndim) if i not in axes]
+    if len(keep) != 1:
+        raise ValueError('axes must leave exactly one axis of W, got {} for '
+                         'shape {}'.format(axes, W.shape))
+    k = keep[0]
+    return (int(math.prod(W.shape[:k])), int(W.shape[k]),
+            int(math.prod(W.shape[k + 1:])))
+
+
+def weight_statistics_many(weights):
+    """:func:`weight_statistics` of many GEMMs' weights in one launch per
+    storage dtype (float16 / float32), bit for bit the same values.
+
+    Args:
+        weights: a sequence of ``(W, axes)``.
+
+    Returns:
+        A list of length-3 float64 device arrays (rows of one array), in
+        the order of ``weights``.
+    """
+    weights = list(weights)
+    out = cupy.zeros((len(weights), 3), dtype=cupy.float64)
+    groups = {}
+    keep = []         # the contiguous copies, alive until their launch
+    for i, (W, axes) in enumerate(weights):
+        if W.size == 0:
+            continue
+        x, suffix = _flat(W)
+        keep.append(x)
+        groups.setdefault(suffix, []).append((i, x, _column_view(W, axes)))
+    ws = _workspace()
+    for suffix, layers in groups.items():
+        L = len(layers)
+        first = [0]
+        dims = []
+        for _, _, (A, J, B) in layers:
+            dims += [A, J, B]
+            first.append(first[-1] + J)
+        table = ws.table(tuple(x.data.ptr for _, x, _ in layers)
+                         + tuple(dims) + tuple(first))
+        rows = [i for i, _, _ in layers]
+        # results in launch order; scattered to the callers' order below
+        res = out if rows == list(range(len(weights))) else \
+            cupy.empty((L, 3), dtype=cupy.float64)
+        pcol, psq, pmax = ws.scratch(max(first[-1], _MAX_BLOCKS))
+        ws.kernels['weight_stats_many_' + suffix]((first[-1],), (_THREADS,), (
+            table[:L], table[L:4 * L], table[4 * L:], cupy.int32(L), pcol,
+            psq, pmax, ws.counters(L), res))
+        if res is not out:
+            out[cupy.asarray(numpy.array(rows))] = res
+    del keep
+    return [out[i] for i in range(len(weights))]
 
 
 def grad_input_gain(W, axes):

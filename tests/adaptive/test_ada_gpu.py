@@ -154,3 +154,42 @@ def test_backward_makes_no_host_synchronization(precision, interval):
     assert len(scales) == 20 and all(is_pow2(v) for v in scales.values())
     assert count_synchronizations(
         lambda: all_grads_finite(model)) == 1
+
+
+@pytest.mark.parametrize('precision', ['float32', 'mixed16'])
+def test_batched_weight_statistics_change_no_bit(precision, monkeypatch):
+    """ResNet-20: the weight statistics of all layers in one launch before
+    the backward (issue 35 item 1) give the same β's and the same scaled
+    gradients, bit for bit, as one launch per layer; with batching on, the
+    one-layer kernel is not launched at all during the backward."""
+    import cupy
+    from ada_loss.loss_scale import device
+    calls = []
+    one_layer = device.weight_statistics
+
+    def counted(W, axes):
+        calls.append(W.shape)
+        return one_layer(W, axes)
+    monkeypatch.setattr(device, 'weight_statistics', counted)
+    rng = np.random.RandomState(3)
+    x = cupy.asarray(rng.standard_normal((16, 3, 32, 32)).astype(np.float32))
+    t = cupy.asarray(rng.randint(0, 10, 16).astype(np.int32))
+    results = []
+    for batched in (True, False):
+        np.random.seed(0)
+        with dtype_config(precision):
+            model = Classifier(build_model('resnet20', 10), precision)
+        model.to_device(DEVICE)
+        ada = AdaLossScaled(model, verbose=False)
+        ada.uses_weight_statistics = batched
+        del calls[:]
+        with chainer.using_config('train', True):
+            model.cleargrads()
+            ada.backward(model(x, t))
+        assert (len(calls) == 0) == batched, len(calls)
+        results.append((ada.layer_scales(), ada.loss_scales(),
+                        {n: to_cpu(p.grad) for n, p in model.namedparams()}))
+    (b1, a1, g1), (b2, a2, g2) = results
+    assert b1 == b2 and a1 == a2 and len(b1) >= 19
+    for n in g1:
+        np.testing.assert_array_equal(g1[n], g2[n], err_msg=n)

@@ -190,3 +190,33 @@ def test_to_floats_mixes_host_and_device():
     assert vals == [1.0, 2.0 ** 40, 3.0, 0.5]
     assert all(isinstance(v, float) for v in vals)
     assert math.isinf(d.to_floats([d.scalar(numpy.inf)])[0])
+
+
+def test_weight_statistics_of_many_layers_equal_one_at_a_time():
+    """All of a model's weight statistics in one launch per dtype (issue 35
+    item 1) give the bits of one launch per layer: the SHAPES above in both
+    dtypes interleaved (two groups, results back in the callers' order),
+    an empty W, a non-contiguous W, Inf and NaN in one layer each."""
+    import cupy
+    d = _device()
+    weights = []
+    for i, (w_shape, _) in enumerate(SHAPES):
+        dtype = (numpy.float16, numpy.float32)[i % 2]
+        W = to_gpu(_data(w_shape, dtype, 0.05, 10 + i))
+        weights.append((W, AXES[W.ndim]))
+    weights.append((cupy.zeros((0, 3), cupy.float32), (0,)))
+    weights.append((to_gpu(_data((40, 24), numpy.float32, 1.0, 3)).T, (0,)))
+    inf = to_gpu(_data((8, 5, 3, 3), numpy.float16, 1.0, 4))
+    inf[3, 1, 0, 2] = numpy.inf
+    nan = to_gpu(_data((7, 9), numpy.float32, 1.0, 5))
+    nan[2, 4] = numpy.nan
+    weights += [(inf, (0, 2, 3)), (nan, (0,))]
+    many = d.weight_statistics_many(weights)
+    assert len(many) == len(weights)
+    for (W, axes), row in zip(weights, many):
+        one = d.weight_statistics(W, axes)
+        numpy.testing.assert_array_equal(to_cpu(row), to_cpu(one))
+    # again (the counters were reset by their last blocks; cached table)
+    again = d.weight_statistics_many(weights)
+    for a, b in zip(many, again):
+        numpy.testing.assert_array_equal(to_cpu(a), to_cpu(b))
