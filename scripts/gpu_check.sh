@@ -50,7 +50,7 @@ if [ "${GPU_TESTS:-yes}" != no ]; then
   # machine has it); a test failing there is run again on its own below
   # shell word splitting of PYTEST_ARGS is wanted
   # shellcheck disable=SC2086
-  "$PY" -m pytest -p no:cacheprovider -m gpu -rs -q ${PYTEST_ARGS:-} tests \
+  "$PY" -m pytest -p no:cacheprovider -m gpu -rfEs -q ${PYTEST_ARGS:-} tests \
     2>&1 | tee "$OUT/tests.txt"
   if [ "${PIPESTATUS[0]}" -ne 0 ]; then
     failed=$(grep -oE '^(FAILED|ERROR) tests/[^ ]+' "$OUT/tests.txt" \

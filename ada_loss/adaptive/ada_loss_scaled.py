@@ -258,10 +258,7 @@ class AdaLossScaled(object):
         if not nodes:
             return {}
         rows = device_kernels().weight_statistics_many(
-            [(f.gemm_weight(), f.grad_input_axes
-              if f.grad_input_axes is not None else
-              tuple(i for i in range(f.gemm_weight().ndim) if i != 1))
-             for f in nodes])
+            [(f.gemm_weight(), f.grad_input_axes) for f in nodes])
         return {id(f): r for f, r in zip(nodes, rows)}
 
     def _cap_accum(self, alpha, beta):

@@ -21,6 +21,7 @@ default. NumPy or CuPy.
 """
 import numpy
 
+from ada_loss.formats import exact
 from ada_loss.formats.blocks import finish_blocks, finite_blocks
 from ada_loss.formats.float_format import get_format
 from ada_loss.formats.quantize import array_module
@@ -68,7 +69,7 @@ def quantize_blockwise(x, axis=-1, block_size=128, tile=None,
         y = blocks * s
     xp.clip(y, _F32(-fmt.u_max), _F32(fmt.u_max), out=y)
     q = fmt.quantize(y)
-    q *= _F32(1) / s
+    q = exact.multiply(q, _F32(1) / s)     # subnormals kept on CuPy too
     out = finish_blocks(q, bad, layout, xp)
     if return_scales:
         return out, layout.scales(s)

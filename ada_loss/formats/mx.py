@@ -49,6 +49,7 @@ NumPy or CuPy, whichever ``x`` belongs to; needs nothing else.
 """
 import numpy
 
+from ada_loss.formats import exact
 from ada_loss.formats.float_format import get_format
 from ada_loss.formats.quantize import array_module
 
@@ -148,7 +149,7 @@ def _quantize_blocks(v, block_axes, fmt, scale_rounding, xp):
     with numpy.errstate(over='ignore', invalid='ignore'):  # NaN/Inf blocks
         scaled = xp.ldexp(v, -e)
         xp.clip(scaled, _F32(-fmt.u_max), _F32(fmt.u_max), out=scaled)
-        out = xp.ldexp(fmt.quantize(scaled), e)
+        out = exact.ldexp(fmt.quantize(scaled), e)
     if any_bad:
         out = xp.where(bad, _F32(numpy.nan), out)
     return out
@@ -221,7 +222,8 @@ def quantize_mx(x, element, axis=-1, block_size=32, scale_rounding='up',
         scaled = xp.ldexp(blocks, -e[..., None])
         xp.clip(scaled, _F32(-fmt.u_max), _F32(fmt.u_max), out=scaled)
         q = fmt.quantize(scaled)
-        out = xp.ldexp(q, e[..., None])
+        # exact.ldexp: a subnormal product is rounded, not flushed, on CuPy
+        out = exact.ldexp(q, e[..., None])
     if bool(bad.any()):
         out[bad] = _F32(numpy.nan)
     out = out.reshape(lead + (nblocks * block_size,))[..., :n]

@@ -36,6 +36,7 @@ NumPy or CuPy.
 """
 import numpy
 
+from ada_loss.formats import exact
 from ada_loss.formats.blocks import finish_blocks, finite_blocks
 from ada_loss.formats.counter_rng import random_words
 from ada_loss.formats.float_format import get_format
@@ -105,8 +106,9 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
         q = e2m1_stochastic(y, words)
     else:
         q = e2m1.quantize(y)
-    q *= s
-    q *= dec
+    # (q · s) · d, each product rounded as IEEE float32 (subnormals kept on
+    # CuPy too: exact.multiply)
+    q = exact.multiply(exact.multiply(q, s), dec)
     out = finish_blocks(q, bad, layout, xp)
     if return_scales:
         return out, layout.scales(s), dec

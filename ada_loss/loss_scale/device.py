@@ -529,7 +529,10 @@ def weight_statistics(W, axes):
 
 
 def _column_view(W, axes):
-    """(A, J, B) of W seen with J the one axis ``axes`` leave."""
+    """(A, J, B) of W seen with J the one axis ``axes`` leave (None: all
+    axes but the second, as :func:`gemm_loss_scale`)."""
+    if axes is None:
+        axes = tuple(i for i in range(W.ndim) if i != 1)
     keep = [i for i in range(W.ndim) if i not in axes]
     if len(keep) != 1:
         raise ValueError('axes must leave exactly one axis of W, got {} for '
@@ -544,7 +547,8 @@ def weight_statistics_many(weights):
     storage dtype (float16 / float32), bit for bit the same values.
 
     Args:
-        weights: a sequence of ``(W, axes)``.
+        weights: a sequence of ``(W, axes)`` (``axes`` None: all but the
+            second, as :func:`gemm_loss_scale`).
 
     Returns:
         A list of length-3 float64 device arrays (rows of one array), in

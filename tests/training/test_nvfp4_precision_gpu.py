@@ -1,8 +1,11 @@
 """The ``nvfp4`` and ``fp8:recipe=blockwise`` precisions on CuPy: a step of
-the small conv net gives the NumPy step's output and gradients bit for bit
-(without the RHT; with it, the transform's FP32 matrix products on cuBLAS
-and OpenBLAS may sum in different orders: equal to FP32 rounding, and the
-stochastic-rounding counters advance alike). Skipped without a GPU."""
+the small conv net gives the NumPy step's output and gradients to FP32
+rounding, and the stochastic-rounding counters advance alike. Not bit for
+bit: the casts are (tests/formats/test_nvfp4_gpu.py), but cuBLAS and
+OpenBLAS sum each GEMM in their own order — on an H200 the forward output
+differed from OpenBLAS's in the last bits (issue 35) — and a gradient
+entry that such a difference moves across a rounding boundary of its
+4-bit cast moves by one step of its block. Skipped without a GPU."""
 import chainer
 import chainer.functions as F
 import numpy as np
@@ -36,14 +39,18 @@ def _step(precision, device):
     'fp8:recipe=blockwise', 'fp8:recipe=blockwise,pow2=true'])
 def test_cupy_step_equals_numpy(precision):
     want, got = _step(precision, False), _step(precision, True)
-    for a, b in zip(want[:3], got[:3]):
-        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    _close(want, got)
     assert want[3] == got[3]
+
+
+def _close(want, got):
+    y, gy = want[0], got[0]
+    np.testing.assert_allclose(gy, y, rtol=1e-5, atol=1e-5 * np.abs(y).max())
+    for a, b in zip(want[1:3], got[1:3]):
+        assert np.linalg.norm(b - a) <= 0.02 * np.linalg.norm(a)
 
 
 def test_cupy_step_with_rht_close_to_numpy():
     want, got = _step('nvfp4', False), _step('nvfp4', True)
-    assert np.array_equal(want[0], got[0])      # the forward has no RHT
-    for a, b in zip(want[1:3], got[1:3]):
-        assert np.allclose(a, b, rtol=0.25, atol=np.abs(a).max() * 0.05)
+    _close(want, got)
     assert want[3] == got[3] == 2

@@ -1,0 +1,55 @@
+"""ada_loss.formats.exact on CuPy: float32 products and ldexp whose results
+are subnormal (where the GPU's float32 arithmetic flushed them to zero, issue
+35) give NumPy's bits; normal, overflowing, zero, NaN and Inf results too.
+Skipped without a GPU."""
+import numpy as np
+
+from ada_loss.formats import exact
+
+from gpu_helpers import requires_gpu, to_cpu, to_gpu
+
+pytestmark = requires_gpu
+
+
+def _bits(a):
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+def test_multiply_equals_numpy_through_the_subnormal_range():
+    rng = np.random.RandomState(0)
+    n = 200000
+    # magnitudes from 2^-160 to 2^40 as products of two float32 normals
+    a = (rng.standard_normal(n) * 2.0 ** rng.randint(-80, 20, n)).astype(
+        np.float32)
+    b = (rng.standard_normal(n) * 2.0 ** rng.randint(-80, 20, n)).astype(
+        np.float32)
+    special = np.array([0, -0.0, np.inf, -np.inf, np.nan, 3e38, 1e-30,
+                        1.5 * 2 ** -75, 2 ** -75], np.float32)
+    a = np.concatenate([a, special, special[::-1]])
+    b = np.concatenate([b, special[::-1], special])
+    with np.errstate(all='ignore'):
+        want = a * b
+    got = to_cpu(exact.multiply(to_gpu(a), to_gpu(b)))
+    sub = (want != 0) & (np.abs(want) < 2 ** -126)
+    assert sub.sum() > 1000          # the range the GPU used to flush
+    nan = np.isnan(want)
+    assert np.array_equal(nan, np.isnan(got))
+    assert np.array_equal(_bits(got)[~nan], _bits(want)[~nan])
+    # a scalar operand
+    got = to_cpu(exact.multiply(to_gpu(a[:1000]), np.float32(2 ** -100)))
+    with np.errstate(all='ignore'):
+        want = a[:1000] * np.float32(2 ** -100)
+    ok = ~np.isnan(want)
+    assert np.array_equal(_bits(got)[ok], _bits(want)[ok])
+
+
+def test_ldexp_equals_numpy_through_the_subnormal_range():
+    rng = np.random.RandomState(1)
+    n = 100000
+    q = (rng.standard_normal(n) * 4).astype(np.float32)
+    e = rng.randint(-160, 130, n).astype(np.int32)
+    with np.errstate(all='ignore'):
+        want = np.ldexp(q, e)
+    got = to_cpu(exact.ldexp(to_gpu(q), to_gpu(e)))
+    assert ((want != 0) & (np.abs(want) < 2 ** -126)).sum() > 1000
+    assert np.array_equal(_bits(got), _bits(want))
