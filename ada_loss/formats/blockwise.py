@@ -38,11 +38,12 @@ def block_scales(amax, element='float8_e4m3fn', pow2=False):
     xp = array_module(amax)
     fmt_max = _F32(get_format(element).u_max)
     with numpy.errstate(divide='ignore', over='ignore'):
-        s = fmt_max / amax
+        s = exact.divide(fmt_max, amax)     # a subnormal amax is not 0
     s = xp.where(xp.isinf(s), _F32_MAX, s)
     if pow2:
         s = (s.view(_U32) & _U32(0xFF800000)).view(_F32)
-    return xp.where(amax == 0, _F32(1), s).astype(_F32, copy=False)
+    return xp.where(exact.is_zero(amax), _F32(1), s).astype(_F32,
+                                                           copy=False)
 
 
 def quantize_blockwise(x, axis=-1, block_size=128, tile=None,
@@ -66,10 +67,11 @@ def quantize_blockwise(x, axis=-1, block_size=128, tile=None,
     fmt = get_format(element)
     s = block_scales(amax, fmt, pow2)
     with numpy.errstate(over='ignore', invalid='ignore'):
-        y = blocks * s
+        y = exact.multiply(blocks, s)
     xp.clip(y, _F32(-fmt.u_max), _F32(fmt.u_max), out=y)
     q = fmt.quantize(y)
-    q = exact.multiply(q, _F32(1) / s)     # subnormals kept on CuPy too
+    # q · (1/s) as TE computes it; subnormals kept on CuPy too
+    q = exact.multiply(q, exact.divide(_F32(1), s))
     out = finish_blocks(q, bad, layout, xp)
     if return_scales:
         return out, layout.scales(s)

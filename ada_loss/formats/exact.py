@@ -6,12 +6,17 @@ for NVFP4). Where the product is a float32 subnormal (a block far below the
 tensor's amax, a tiny scale), NumPy rounds it as IEEE 754 says, but CuPy's
 float32 arithmetic on the GPU flushed it to zero (measured on an H200,
 issue 35: 10 MX and one blockwise CuPy-equals-NumPy test failed on values
-such as 5.9e-39 returned as 0). These functions give NumPy's bits on both:
-on CuPy the product of two float32s is formed in float64, where it is exact
-(24 + 24 significant bits), and rounded to float32 by hand in the
+such as 5.9e-39 returned as 0). Subnormal *operands* were read as zero
+there too (a block of subnormal inputs quantized to 0, a block amax below
+2^-126 compared equal to 0). These functions give NumPy's bits on both: on
+CuPy the operands are read from their bits into float64 exactly (an
+integer significand converted, never a float32 subnormal), the product (or
+quotient, or ldexp) formed in float64 — exact for a product of two float32s
+(24 + 24 significant bits) — and rounded to float32 by hand in the
 subnormal range (round to nearest even, in double arithmetic, which no
 flush-to-zero mode touches); normal results round by the hardware's
-conversion, which is exact IEEE there.
+conversion, which is exact IEEE there. The block max and the zero test
+work on the bits.
 """
 import numpy
 
@@ -30,46 +35,95 @@ __device__ __forceinline__ float exact_f32(double d) {
     }
     return (float)d;
 }
+// A float32 (its bits) as a double, exactly, subnormals included: the
+// conversion instruction would read a subnormal as 0 where float32 flushes
+// to zero; an integer converts exactly.
+__device__ __forceinline__ double exact_f64(unsigned int b) {
+    if ((b & 0x7f800000u) != 0u) return (double)__uint_as_float(b);
+    double m = (double)(b & 0x7fffffu) * 1.4012984643247764e-45;  // 2^-149
+    return (b & 0x80000000u) ? -m : m;
+}
 """
 
 _kernels = {}
 
 
+_BODIES = {
+    'mul': ('uint32 a, uint32 b',
+            'y = exact_f32(exact_f64(a) * exact_f64(b))'),
+    'div': ('uint32 a, uint32 b',
+            'y = exact_f32(exact_f64(a) / exact_f64(b))'),
+    'ldexp': ('uint32 a, int32 e', 'y = exact_f32(ldexp(exact_f64(a), e))'),
+}
+
+
 def _kernel(name):
     if name not in _kernels:
         import cupy
-        if name == 'mul':
-            _kernels[name] = cupy.ElementwiseKernel(
-                'float32 a, float32 b', 'float32 y',
-                'y = exact_f32((double)a * (double)b)',
-                'ada_loss_exact_mul', preamble=_TO_F32)
-        else:
-            _kernels[name] = cupy.ElementwiseKernel(
-                'float32 a, int32 e', 'float32 y',
-                'y = exact_f32(ldexp((double)a, e))',
-                'ada_loss_exact_ldexp', preamble=_TO_F32)
+        params, body = _BODIES[name]
+        _kernels[name] = cupy.ElementwiseKernel(
+            params, 'float32 y', body, 'ada_loss_exact_' + name,
+            preamble=_TO_F32)
     return _kernels[name]
 
 
+def _bits(a):
+    """A CuPy float32 array (or scalar) as its uint32 bits."""
+    import cupy
+    if numpy.isscalar(a) or getattr(a, 'ndim', 1) == 0 and \
+            not isinstance(a, cupy.ndarray):
+        return _F32(a).view(numpy.uint32)
+    return cupy.ascontiguousarray(a, dtype=_F32).view(numpy.uint32)
+
+
+def _on_host(a, b):
+    return all(isinstance(v, numpy.ndarray) or numpy.isscalar(v)
+               for v in (a, b))
+
+
 def multiply(a, b):
-    """``a · b`` of float32 arrays (broadcast), rounded once as IEEE 754
-    float32 multiplication rounds it, subnormals included, on NumPy and
-    CuPy alike. NaN and Inf propagate as in a float32 product."""
-    if isinstance(a, numpy.ndarray) and isinstance(b, numpy.ndarray) \
-            or numpy.isscalar(a) and isinstance(b, numpy.ndarray) \
-            or numpy.isscalar(b) and isinstance(a, numpy.ndarray):
+    """``a · b`` of float32 arrays or scalars (broadcast), rounded once as
+    IEEE 754 float32 multiplication rounds it, subnormal operands and
+    results included, on NumPy and CuPy alike. NaN and Inf propagate as in
+    a float32 product."""
+    if _on_host(a, b):
         return numpy.multiply(a, b, dtype=_F32)
-    if numpy.isscalar(a):
-        a = _F32(a)
-    if numpy.isscalar(b):
-        b = _F32(b)
-    return _kernel('mul')(a, b)
+    return _kernel('mul')(_bits(a), _bits(b))
+
+
+def divide(a, b):
+    """``a / b`` as IEEE 754 float32 division rounds it (subnormals
+    included) on NumPy and CuPy alike: on CuPy the quotient of the two
+    exact doubles is rounded to double and then to float32, which gives the
+    correctly rounded float32 quotient (53 ≥ 2·24 + 2)."""
+    if _on_host(a, b):
+        return numpy.divide(a, b, dtype=_F32)
+    return _kernel('div')(_bits(a), _bits(b))
 
 
 def ldexp(a, e):
     """``a · 2^e`` of a float32 array and int32 exponents, rounded once to
-    float32 (subnormals included) on NumPy and CuPy alike."""
+    float32 (subnormal operands and results included) on NumPy and CuPy
+    alike."""
     if isinstance(a, numpy.ndarray):
         return numpy.ldexp(a, e).astype(_F32, copy=False)
-    return _kernel('ldexp')(a, e.astype(numpy.int32, copy=False)
+    return _kernel('ldexp')(_bits(a), e.astype(numpy.int32, copy=False)
                             if hasattr(e, 'astype') else numpy.int32(e))
+
+
+def abs_max_bits(a, axis, keepdims=True):
+    """max|a| over ``axis`` of a float32 array, from its bits: the magnitude
+    bits of non-negative floats order as the floats do, so a max over
+    integers gives the float max with no float arithmetic (no flush of
+    subnormals to zero on a GPU); a NaN gives a NaN (its bits exceed
+    Inf's)."""
+    xp = numpy if isinstance(a, numpy.ndarray) else __import__('cupy')
+    m = (a.view(numpy.uint32) & numpy.uint32(0x7fffffff)).max(
+        axis=axis, keepdims=keepdims)
+    return xp.ascontiguousarray(m).view(_F32)
+
+
+def is_zero(a):
+    """``a == 0`` (±0) from the bits: a subnormal is not zero, also where
+    the GPU's float32 comparison would flush it."""
+    return (a.view(numpy.uint32) & numpy.uint32(0x7fffffff)) == 0

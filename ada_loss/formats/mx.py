@@ -147,7 +147,7 @@ def _quantize_blocks(v, block_axes, fmt, scale_rounding, xp):
     e = mx_scale_exponents(xp.where(bad, _F32(0), amax) if any_bad else amax,
                            fmt, scale_rounding)
     with numpy.errstate(over='ignore', invalid='ignore'):  # NaN/Inf blocks
-        scaled = xp.ldexp(v, -e)
+        scaled = exact.ldexp(v, -e)
         xp.clip(scaled, _F32(-fmt.u_max), _F32(fmt.u_max), out=scaled)
         out = exact.ldexp(fmt.quantize(scaled), e)
     if any_bad:
@@ -219,7 +219,7 @@ def quantize_mx(x, element, axis=-1, block_size=32, scale_rounding='up',
     # the element format's smallest value, which rounds to 0 either way),
     # with no subnormal scale operand (2^-127) that a GPU might flush.
     with numpy.errstate(over='ignore', invalid='ignore'):  # NaN/Inf blocks
-        scaled = xp.ldexp(blocks, -e[..., None])
+        scaled = exact.ldexp(blocks, -e[..., None])
         xp.clip(scaled, _F32(-fmt.u_max), _F32(fmt.u_max), out=scaled)
         q = fmt.quantize(scaled)
         # exact.ldexp: a subnormal product is rounded, not flushed, on CuPy

@@ -128,8 +128,9 @@ def test_gpu_scales_equal_cpu_scales_in_float32():
 def test_backward_makes_no_host_synchronization(precision, interval):
     """ResNet-20, adaptive: the whole ⟨α, δ⟩ backward (statistics, β,
     Algorithm 5, rescaling, the α of every leaf) runs without the host
-    waiting for the device once. The finite check after it is the step's
-    one synchronization."""
+    waiting for the device once in float32; in mixed16 the fit of the
+    classifier's bias gradient waits once. The finite check after it is
+    the step's one synchronization."""
     import cupy
     np.random.seed(0)
     with dtype_config(precision):
@@ -148,8 +149,16 @@ def test_backward_makes_no_host_synchronization(precision, interval):
 
     with chainer.using_config('train', True):
         one_backward()()            # compiles the kernels, fills the pool
-        assert not waits_for_device(one_backward())
-        assert count_synchronizations(one_backward()) == 0
+        if precision == 'float32':
+            assert not waits_for_device(one_backward())
+            assert count_synchronizations(one_backward()) == 0
+        else:
+            # mixed16: the classifier's bias gradient (an FP32 sum rounded
+            # to FP16) is fitted by 2^-k where it would overflow (issue 38,
+            # defect 1), a decision read on the host: one synchronization,
+            # at the one GEMM with a bias. Deciding it on the device is
+            # open (issue 35 item 2); measured on an H200 (bench_gpu (b)).
+            assert count_synchronizations(one_backward()) == 1
     scales = ada.loss_scales()
     assert len(scales) == 20 and all(is_pow2(v) for v in scales.values())
     assert count_synchronizations(

@@ -24,7 +24,8 @@ def test_multiply_equals_numpy_through_the_subnormal_range():
     b = (rng.standard_normal(n) * 2.0 ** rng.randint(-80, 20, n)).astype(
         np.float32)
     special = np.array([0, -0.0, np.inf, -np.inf, np.nan, 3e38, 1e-30,
-                        1.5 * 2 ** -75, 2 ** -75], np.float32)
+                        1.5 * 2 ** -75, 2 ** -75, 1e-40, -3e-39, 2 ** -149,
+                        2 ** 126, 2 ** 100], np.float32)
     a = np.concatenate([a, special, special[::-1]])
     b = np.concatenate([b, special[::-1], special])
     with np.errstate(all='ignore'):
@@ -53,3 +54,32 @@ def test_ldexp_equals_numpy_through_the_subnormal_range():
     got = to_cpu(exact.ldexp(to_gpu(q), to_gpu(e)))
     assert ((want != 0) & (np.abs(want) < 2 ** -126)).sum() > 1000
     assert np.array_equal(_bits(got), _bits(want))
+
+
+def test_subnormal_operands_divide_max_and_zero_equal_numpy():
+    rng = np.random.RandomState(2)
+    n = 100000
+    # operands in float32's subnormal range and around it
+    a = (rng.standard_normal(n) * 2.0 ** rng.randint(-150, -110, n)).astype(
+        np.float32)
+    b = (rng.standard_normal(n) * 2.0 ** rng.randint(-10, 130, n)).astype(
+        np.float32)
+    e = rng.randint(0, 160, n).astype(np.int32)
+    assert (np.abs(a) < 2 ** -126).sum() > 10000
+    with np.errstate(all='ignore'):
+        cases = [(exact.multiply(to_gpu(a), to_gpu(b)), a * b),
+                 (exact.divide(to_gpu(b), to_gpu(a)), b / a),
+                 (exact.divide(np.float32(1), to_gpu(b)), np.float32(1) / b),
+                 (exact.ldexp(to_gpu(a), to_gpu(e)), np.ldexp(a, e))]
+    for got, want in cases:
+        got = to_cpu(got)
+        ok = ~np.isnan(want)
+        assert np.array_equal(np.isnan(got), ~ok)
+        assert np.array_equal(_bits(got)[ok], _bits(want)[ok])
+    blocks = a.reshape(-1, 16)
+    got = to_cpu(exact.abs_max_bits(to_gpu(blocks), -1))
+    assert np.array_equal(_bits(got), _bits(np.abs(blocks).max(
+        -1, keepdims=True)))
+    z = np.array([0, -0.0, 2 ** -149, -1e-40, 1], np.float32)
+    assert to_cpu(exact.is_zero(to_gpu(z))).tolist() == [True, True, False,
+                                                         False, False]
