@@ -7,7 +7,8 @@
 # environment that sees its packages; PYTHON= to choose another.
 # Files: env.txt (stack, CUDA availability), tests.txt (pytest -m gpu -rs),
 # bench_gpu.txt and bench_gpu.json (scripts/bench_gpu.py; its options in
-# BENCH_ARGS). GPU_TESTS=no runs the benchmark alone.
+# BENCH_ARGS). GPU_TESTS=no runs the benchmark alone, GPU_BENCH=no the
+# tests alone; GPU_TEST_PATHS (default tests) and PYTEST_ARGS narrow them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: scripts/gpu_check.sh OUTDIR [WHEELDIR]" >&2; exit 2; }
@@ -50,7 +51,7 @@ if [ "${GPU_TESTS:-yes}" != no ]; then
   # machine has it); a test failing there is run again on its own below
   # shell word splitting of PYTEST_ARGS is wanted
   # shellcheck disable=SC2086
-  "$PY" -m pytest -p no:cacheprovider -m gpu -rfEs -q ${PYTEST_ARGS:-} tests \
+  "$PY" -m pytest -p no:cacheprovider -m gpu -rfEs -q ${PYTEST_ARGS:-} ${GPU_TEST_PATHS:-tests} \
     2>&1 | tee "$OUT/tests.txt"
   if [ "${PIPESTATUS[0]}" -ne 0 ]; then
     failed=$(grep -oE '^(FAILED|ERROR) tests/[^ ]+' "$OUT/tests.txt" \
@@ -65,7 +66,9 @@ if [ "${GPU_TESTS:-yes}" != no ]; then
     rc=1
   fi
 fi
-"$PY" scripts/bench_gpu.py --json "$OUT/bench_gpu.json" ${BENCH_ARGS:-} 2>&1 \
-  | tee "$OUT/bench_gpu.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+if [ "${GPU_BENCH:-yes}" != no ]; then
+  "$PY" scripts/bench_gpu.py --json "$OUT/bench_gpu.json" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/bench_gpu.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
 exit $rc

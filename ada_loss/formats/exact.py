@@ -40,7 +40,7 @@ __device__ __forceinline__ float exact_f32(double d) {
 // to zero; an integer converts exactly.
 __device__ __forceinline__ double exact_f64(unsigned int b) {
     if ((b & 0x7f800000u) != 0u) return (double)__uint_as_float(b);
-    double m = (double)(b & 0x7fffffu) * 1.4012984643247764e-45;  // 2^-149
+    double m = ldexp((double)(b & 0x7fffffu), -149);      // exact
     return (b & 0x80000000u) ? -m : m;
 }
 """
