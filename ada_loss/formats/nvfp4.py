@@ -32,7 +32,9 @@ Where this module chooses (TE's reference is silent or differs):
   distribution is the same (round up with probability equal to the
   distance from the lower neighbour, to 2^-22), the draws are not.
 
-NumPy or CuPy.
+NumPy or CuPy. On NumPy arrays the cast runs the compiled kernels of
+:mod:`ada_loss.formats.nvfp4_kernels` (two passes instead of about fifteen
+array-wide operations), bit for bit the array path, which CuPy runs.
 """
 import numpy
 

@@ -13,25 +13,23 @@ along C, with no transpose).
 * :func:`block_amax` — each block's largest |value| and whether it holds
   a NaN or ±Inf, and the largest amax of the other blocks (the tensor's),
   by integer maxima of the float32 bits.
-* :func:`cast_blocks` — per block its E4M3 decode scale and FP32 encode
-  scale, each value ``x · encode`` clamped to ±6, rounded to E2M1 (to
-  nearest even, or stochastically from the counter-based words, computed
-  inline from the element's C-order index or read from an array), times
-  the scale and the global decode; a NaN/Inf block all NaN.
+* :func:`cast_blocks` — each value ``x · encode`` clamped to ±6,
+  rounded to E2M1 (to nearest even, or stochastically from the
+  counter-based words, computed inline from the element's C-order index or
+  read from an array), times the block's E4M3 scale and the global decode;
+  a NaN/Inf block all NaN.
 
-Every step is the NumPy path's float32 operation in the same order (no
-fastmath, no FMA contraction: Numba leaves ``a * b`` then ``* c`` as two
-rounded products), so the results are equal bit for bit — tested against
-the NumPy path (``tests/formats/test_nvfp4_kernels.py``). The roundings
-are exact integer/bit operations:
-
-* E2M1 to nearest even: ``rint(|y| / q) · q`` with the spacing ``q``
-  (0.5 below 2, 1 below 4, 2 up to 6; the division is by a power of two,
-  exact). On each binade the even multiples of ``q`` are the codes with an
-  even mantissa, so NumPy's ties-to-even ``rint`` is the format's.
-* E4M3 (the block scale, always in [0, 448]): ``rint(s / u) · u`` with
-  the spacing ``u`` of s's binade (2^-9 for the subnormals), exact in
-  float64.
+Between the two, the blocks' scales are computed by the NumPy path's own
+code (:func:`ada_loss.formats.nvfp4.block_scales`) on the per-block arrays
+(1/16 of the values). Every step of the kernels is the NumPy path's
+float32 operation in the same order (no fastmath, so no reassociation or
+FMA contraction), so the results are equal bit for bit — tested against
+the NumPy path (``tests/formats/test_nvfp4_kernels.py``). E2M1 rounding to
+nearest even is ``rint(|y| / q) · q`` with the spacing ``q`` (0.5 below 2,
+1 below 4, 2 up to 6; the division is by a power of two, exact): on each
+binade the even multiples of ``q`` are the codes with an even mantissa, so
+the ties-to-even ``rint`` is the format's. Stochastic rounding is
+:func:`ada_loss.formats.nvfp4.e2m1_stochastic`'s rule per value.
 
 Compiled at first use and cached (``cache=True``), as
 :mod:`ada_loss.communication.kernels`.
@@ -40,7 +38,6 @@ import numba
 import numpy
 
 _JIT = dict(nogil=True, cache=True, error_model='numpy')
-_F32 = numpy.float32
 _GOLDEN = 0x9E3779B9
 
 

@@ -227,6 +227,25 @@ def test_nvfp4_convolution_backward_with_rht():
     assert np.array_equal(conv.W.grad, gW.reshape(Wc.shape))
 
 
+@pytest.mark.parametrize('stride,pad,dilate,cover_all', [
+    (1, 1, 1, False), (2, 1, 1, False), (2, 0, 1, True), (1, 2, 2, False),
+    ((1, 2), (0, 1), (2, 1), True)])
+def test_im2col_rows_equals_chainers_im2col_transposed(stride, pad, dilate,
+                                                       cover_all):
+    """The RHT wgrad's im2col, written straight into (C, kh, kw, N, H',
+    W'), is Chainer's im2col with N moved behind the taps, exactly."""
+    from ada_loss.functions.convolution_2d import _im2col_rows_cpu
+    def pair(v):
+        return v if isinstance(v, tuple) else (v, v)
+    (sy, sx), (ph, pw), (dy, dx) = pair(stride), pair(pad), pair(dilate)
+    x = np.random.RandomState(0).standard_normal((3, 5, 9, 8)).astype(
+        np.float32)
+    want = conv_utils.im2col_cpu(x, 3, 2, sy, sx, ph, pw,
+                                 cover_all=cover_all, dy=dy, dx=dx)
+    got = _im2col_rows_cpu(x, 3, 2, sy, sx, ph, pw, cover_all, dy, dx)
+    assert np.array_equal(got, want.transpose(1, 2, 3, 0, 4, 5))
+
+
 def _words_nchw(g, seed, step):
     from scaled_reference import reference_words
     return np.array(reference_words(g.size, seed, step),
