@@ -125,7 +125,7 @@ SSD_MODELS = tuple(_MODELS)
 
 
 def build_ssd(name='ssd512', n_fg_class=20, precision='float32',
-              pretrained_model=None, initialize=False):
+              pretrained_model=None, initialize=False, seed=0):
     """An SSD ready for training in ``precision`` (see module docstring).
 
     Args:
@@ -139,6 +139,8 @@ def build_ssd(name='ssd512', n_fg_class=20, precision='float32',
             weights ('imagenet', 'voc0712') would be downloaded: refused.
         initialize (bool): initialize every parameter now
             (:func:`initialize_params`; one forward pass).
+        seed (int): the run's seed, which seeds NVFP4's stochastic
+            rounding (:func:`~ada_loss.training.apply_precision`).
     """
     if name not in _MODELS:
         raise ValueError('unknown SSD model {!r}; allowed: {}'.format(
@@ -160,7 +162,7 @@ def build_ssd(name='ssd512', n_fg_class=20, precision='float32',
             model = _MODELS[name](n_fg_class=n_fg_class,
                                   pretrained_model=pretrained_model)
     model.precision = precision
-    apply_precision(model, precision)
+    apply_precision(model, precision, seed)
     for path, link in model.namedlinks():
         if as_gemm_link(link):
             link.scale_key = path.lstrip('/')

@@ -32,13 +32,15 @@ Where this module chooses (TE's reference is silent or differs):
   distribution is the same (round up with probability equal to the
   distance from the lower neighbour, to 2^-22), the draws are not.
 
-NumPy or CuPy.
+NumPy or CuPy. On NumPy arrays the cast runs the compiled kernels of
+:mod:`ada_loss.formats.nvfp4_kernels` (two passes instead of about fifteen
+array-wide operations), bit for bit the array path, which CuPy runs.
 """
 import numpy
 
-from ada_loss.formats import exact
-from ada_loss.formats.blocks import finish_blocks, finite_blocks
-from ada_loss.formats.counter_rng import random_words
+from ada_loss.formats import exact, nvfp4_kernels
+from ada_loss.formats.blocks import BlockLayout, finish_blocks, finite_blocks
+from ada_loss.formats.counter_rng import random_words, stream_key
 from ada_loss.formats.float_format import get_format
 from ada_loss.formats.quantize import array_module
 
@@ -47,6 +49,8 @@ _F32_MAX = _F32(numpy.finfo(_F32).max)
 E2M1_MAX = _F32(6)
 E4M3_MAX = _F32(448)
 ROUNDINGS = ('nearest', 'stochastic')
+#: the kernel's words argument when it hashes its own (or rounds to nearest)
+_NO_WORDS = numpy.zeros((0, 0, 0), numpy.uint32)
 
 
 def global_scales(amax):
@@ -83,12 +87,17 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
     if rounding not in ROUNDINGS:
         raise ValueError("rounding must be 'nearest' or 'stochastic', got "
                          "{!r}".format(rounding))
-    xp, layout, blocks, vmax, bad = finite_blocks(
-        x, axis, block_size, tile, 'quantize_nvfp4')
-    # the tensor's amax is its largest block amax (the NaN/Inf blocks
-    # left out): no second pass over x
-    # (a Python float: exact, and a CuPy 0-d array converts only so)
-    enc, dec = global_scales(float(vmax.max()) if vmax.size else 0.0)
+    if array_module(x) is numpy and x.size:
+        return _quantize_compiled(x, axis, block_size, tile, rounding, seed,
+                                  step, return_scales)
+    return _quantize_arrays(x, axis, block_size, tile, rounding, seed, step,
+                            return_scales)
+
+
+def block_scales(vmax, enc, dec, xp):
+    """The blocks' E4M3 decode scales ``s`` and FP32 encode scales
+    ``min(1 / (s · dec), FP32 max)`` from their amaxes ``vmax`` and the
+    global encode and decode scales (module docstring)."""
     with numpy.errstate(over='ignore'):
         s = vmax * (enc * (_F32(1) / E2M1_MAX))
     xp.minimum(s, _F32_MAX, out=s)
@@ -97,6 +106,21 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
     with numpy.errstate(divide='ignore', over='ignore'):
         block_enc = _F32(1) / (s * dec)
     xp.minimum(block_enc, _F32_MAX, out=block_enc)
+    return s, block_enc
+
+
+def _quantize_arrays(x, axis, block_size, tile, rounding, seed, step,
+                     return_scales):
+    """:func:`quantize_nvfp4` in array-wide operations (NumPy or CuPy):
+    the definition, which :func:`_quantize_compiled` computes bit for bit
+    on NumPy arrays."""
+    xp, layout, blocks, vmax, bad = finite_blocks(
+        x, axis, block_size, tile, 'quantize_nvfp4')
+    # the tensor's amax is its largest block amax (the NaN/Inf blocks
+    # left out): no second pass over x
+    # (a Python float: exact, and a CuPy 0-d array converts only so)
+    enc, dec = global_scales(float(vmax.max()) if vmax.size else 0.0)
+    s, block_enc = block_scales(vmax, enc, dec, xp)
     with numpy.errstate(over='ignore', invalid='ignore'):
         y = blocks * block_enc
     xp.clip(y, -E2M1_MAX, E2M1_MAX, out=y)
@@ -112,6 +136,56 @@ def quantize_nvfp4(x, axis=-1, block_size=16, tile=None, rounding='nearest',
     out = finish_blocks(q, bad, layout, xp)
     if return_scales:
         return out, layout.scales(s), dec
+    return out
+
+
+def _quantize_compiled(x, axis, block_size, tile, rounding, seed, step,
+                       return_scales):
+    """:func:`quantize_nvfp4` of a non-empty NumPy array by the fused
+    kernels of :mod:`ada_loss.formats.nvfp4_kernels` (two passes over the
+    blocks; the same float32 operations as :func:`_quantize_arrays`).
+    The blocks are viewed as ``(A, B, I)`` (block (a, i) = ``[a, :, i]``):
+    a reshape of x itself where the layout needs no copy, and then the
+    stochastic words are hashed from the flat index in the kernel (it is
+    x's C-order index); otherwise they are computed and laid out as the
+    blocks, as :func:`_quantize_arrays` does."""
+    if x.dtype == numpy.float16:
+        x = x.astype(_F32)
+    if x.dtype != _F32:
+        raise TypeError('quantize_nvfp4 expects a float32 (or float16) '
+                        'array, got {}'.format(x.dtype))
+    x = numpy.ascontiguousarray(x)
+    layout = BlockLayout(x.shape, axis, block_size, tile)
+    blocks = layout.to_blocks(x, numpy)
+    shape = blocks.shape
+    va = layout.value_axis % len(shape)
+    three = (int(numpy.prod(shape[:va])), shape[va],
+             int(numpy.prod(shape[va + 1:])))
+    b3 = numpy.ascontiguousarray(blocks).reshape(three)
+    amax = numpy.empty((three[0], three[2]), _F32)
+    bad = numpy.empty((three[0], three[2]), numpy.bool_)
+    top = nvfp4_kernels.block_amax(b3.view(numpy.uint32),
+                                   amax.view(numpy.uint32), bad)
+    enc, dec = global_scales(numpy.uint32(top).view(_F32))
+    s, block_enc = block_scales(amax, enc, dec, numpy)
+    mode, key, words = 0, 0, _NO_WORDS
+    if rounding == 'stochastic':
+        if x.size >= 1 << 32:
+            raise ValueError('a cast of 2^32 or more values needs a wider '
+                             'counter')
+        if layout._view is not None:
+            mode, key = 1, stream_key(seed, step)
+        else:
+            mode = 2
+            words = numpy.ascontiguousarray(layout.to_blocks(
+                random_words(x.shape, seed, step), numpy)).reshape(three)
+    out = numpy.empty(three, _F32)
+    nvfp4_kernels.cast_blocks(b3, s, block_enc, bad, dec, out, mode, key,
+                              words)
+    out = layout.from_blocks(out.reshape(shape), numpy)
+    if return_scales:
+        keep = shape[:va] + (1,) + shape[va + 1:]
+        return out, layout.scales(s.reshape(keep)), dec
     return out
 
 

@@ -106,7 +106,9 @@ class GemmRecipe(collections.namedtuple('GemmRecipe', (
         tiles (str): ``'2d'``: W in 2-D tiles (NVFP4 16×16, blockwise
             128×128); ``'1d'``: 1-D blocks along the reduction.
         bf16_layers (tuple of str): paths of GEMM layers kept in BF16.
-        seed (int): the seed of stochastic rounding's streams.
+        seed (int): the seed of stochastic rounding's streams: the run's
+            seed (:meth:`seeded`; not part of the precision's name, which
+            leaves it 0).
     """
 
     __slots__ = ()
@@ -126,6 +128,12 @@ class GemmRecipe(collections.namedtuple('GemmRecipe', (
         or unscaled), False if per GEMM along its reduction (MX, NVFP4,
         blockwise)."""
         return self.per_tensor or self.grad_loss
+
+    def seeded(self, seed):
+        """This recipe with stochastic rounding seeded by ``seed`` (an int
+        ≥ 0: a run's seed, so that runs of different seeds draw different
+        rounding words)."""
+        return self._replace(seed=_integer('seed', seed, 0, None))
 
     def state(self, stream=0):
         """A fresh :class:`GemmScaling` for one GEMM layer; ``stream``
@@ -166,7 +174,7 @@ def make_recipe(kind, fwd, bwd, history=DEFAULT_HISTORY,
     return GemmRecipe(kind, get_format(fwd), get_format(bwd), history,
                       margin, bool(pow2), block_size, scale_rounding, out,
                       grad, bool(rht), bool(sr), tiles, tuple(bf16_layers),
-                      int(seed))
+                      _integer('seed', seed, 0, None))
 
 
 def _integer(name, value, low, high):

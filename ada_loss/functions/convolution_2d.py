@@ -53,6 +53,28 @@ def _check_groups(node):
                 node.groups))
 
 
+def _im2col_rows_cpu(img, kh, kw, sy, sx, ph, pw, cover_all, dy, dx):
+    """Chainer's ``im2col_cpu`` written straight into the layout the RHT
+    wgrad needs, ``(C, kh, kw, N, H', W')`` (its ``(N, C, kh, kw, H', W')``
+    with N moved behind the taps): the same values (copies of x and zero
+    padding), one pass instead of im2col and a transposing copy of its
+    kh·kw-times-x result."""
+    n, c, h, w = img.shape
+    out_h = _conv_utils.get_conv_outsize(h, kh, sy, ph, cover_all, dy)
+    out_w = _conv_utils.get_conv_outsize(w, kw, sx, pw, cover_all, dx)
+    img = numpy.pad(img, ((0, 0), (0, 0), (ph, ph + sy - 1),
+                          (pw, pw + sx - 1)), mode='constant')
+    img = img.transpose(1, 0, 2, 3)
+    col = numpy.empty((c, kh, kw, n, out_h, out_w), img.dtype)
+    for j in range(kh):
+        jdy = j * dy
+        for i in range(kw):
+            idx = i * dx
+            col[:, j, i] = img[:, :, jdy:jdy + sy * out_h:sy,
+                               idx:idx + sx * out_w:sx]
+    return col
+
+
 def _grad_weight_rht(node, a, b, W, grad_is_a, scale, fit):
     """The weight gradient of a convolution-shaped wgrad under NVFP4's RHT:
     ``gW = b_matᵀ · im2col(a)_mat`` (Chainer's Convolution2DGradW with
@@ -62,15 +84,19 @@ def _grad_weight_rht(node, a, b, W, grad_is_a, scale, fit):
     gradient stochastically: ``grad_is_a`` says which one it is).
     Returns (gW of W's shape, the scale it was produced at)."""
     xp = chainer.backend.get_array_module(a)
-    im2col = _conv_utils.im2col_cpu if xp is numpy else \
-        _conv_utils.im2col_gpu
     kh, kw = W.shape[2:]
-    col = im2col(a, kh, kw, node.sy, node.sx, node.ph, node.pw,
-                 cover_all=node.cover_all, dy=node.dy, dx=node.dx)
-    n, c, _, _, ho, wo = col.shape
+    n, c = a.shape[:2]
+    if xp is numpy:
+        col = _im2col_rows_cpu(a, kh, kw, node.sy, node.sx, node.ph,
+                               node.pw, node.cover_all, node.dy, node.dx)
+    else:
+        col = _conv_utils.im2col_gpu(
+            a, kh, kw, node.sy, node.sx, node.ph, node.pw,
+            cover_all=node.cover_all, dy=node.dy,
+            dx=node.dx).transpose(1, 2, 3, 0, 4, 5)
+    ho, wo = col.shape[4:]
     # both matrices with the reduction N·H'·W' last: (C·kh·kw, R), (O, R)
-    a_t = xp.ascontiguousarray(col.transpose(1, 2, 3, 0, 4, 5)).reshape(
-        c * kh * kw, n * ho * wo)
+    a_t = xp.ascontiguousarray(col).reshape(c * kh * kw, n * ho * wo)
     b_t = xp.ascontiguousarray(b.transpose(1, 0, 2, 3)).reshape(
         b.shape[1], n * ho * wo)
     if grad_is_a:

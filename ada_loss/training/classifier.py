@@ -16,14 +16,15 @@ class Classifier(chainer.Chain):
     before the softmax cross entropy (MPT computes reductions such as the
     loss in FP32). The gradient entering the network is therefore cast back
     to FP16: where a loss scale is needed. In an emulated precision the
-    predictor's GEMM links round to its formats (:func:`apply_precision`).
+    predictor's GEMM links round to its formats (:func:`apply_precision`;
+    ``seed``, the run's, seeds NVFP4's stochastic rounding).
     """
 
-    def __init__(self, predictor, precision='float32'):
+    def __init__(self, predictor, precision='float32', seed=0):
         super(Classifier, self).__init__()
         self.precision = parse_precision(precision).name
         self._xdtype = compute_dtype(precision)
-        apply_precision(predictor, precision)
+        apply_precision(predictor, precision, seed)
         with self.init_scope():
             self.predictor = predictor
 

@@ -5,7 +5,7 @@ from ada_loss.links import as_batch_normalization_link, as_gemm_link
 from ada_loss.precision import parse_precision
 
 
-def apply_precision(model, precision):
+def apply_precision(model, precision, seed=0):
     """Makes every GEMM link of ``model`` round to the precision's formats.
 
     For an emulated precision each ``chainer.links`` Linear, Convolution2D,
@@ -18,10 +18,18 @@ def apply_precision(model, precision):
     faster on float16 NumPy arrays; see
     :mod:`ada_loss.functions.fp16_elementwise`). Returns the paths of the
     GEMM links.
+
+    ``seed`` (an int ≥ 0; a training run passes its own seed) seeds the
+    stochastic rounding of a recipe that has it (NVFP4): each GEMM layer
+    draws from its own counter-based stream of (seed, layer index), so two
+    seeds round differently and one seed repeats; the streams' step
+    counters are in the model's snapshot (resume is exact).
     """
     parsed = parse_precision(precision)
     formats = parsed.gemm_formats
     recipe = parsed.recipe
+    if recipe is not None:
+        recipe = recipe.seeded(seed)
     if parsed.storage == 'mixed16':
         for link in model.links():
             as_batch_normalization_link(link)

@@ -64,3 +64,38 @@ def test_the_probe_takes_the_methods_options(mode, t_uf, bound):
     assert isinstance(scaling, ProbingLossScaling)
     assert (scaling.t_uf, scaling.bound, scaling.mode) == (
         t_uf, bound, str(parse_mode(mode)))
+
+
+def _calls(text, name):
+    """The argument texts of every call ``name(...)`` in ``text``."""
+    out = []
+    for m in re.finditer(r'\b' + name + r'\(', text):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {'(': 1, ')': -1}.get(text[i], 0)
+            i += 1
+        out.append(text[m.end():i - 1])
+    return out
+
+
+def test_every_model_of_the_harness_takes_the_runs_seed():
+    """NVFP4's stochastic rounding is seeded by the run's seed: every model
+    the harness builds passes it (Classifier, build_ssd), and a
+    classification run's layers carry it."""
+    calls = []
+    for folder, _, files in os.walk(HARNESS):
+        for name in files:
+            if name.endswith('.py'):
+                with open(os.path.join(folder, name)) as f:
+                    text = f.read()
+                calls += [(name, args) for fn in ('Classifier', 'build_ssd')
+                          for args in _calls(text, fn)]
+    assert len(calls) >= 6
+    assert [c for c in calls if 'seed' not in c[1]] == []
+    study = classification.STUDY
+    run = study.setup(study.Config(), classification.Cell(
+        'small_cnn', 'digits', 'none', 7, 'nvfp4'))
+    model = study.model(run, None)
+    seeds = [link.gemm_scaling.recipe.seed for link in model.links()
+             if getattr(link, 'gemm_scaling', None) is not None]
+    assert seeds and set(seeds) == {7}

@@ -227,6 +227,25 @@ def test_nvfp4_convolution_backward_with_rht():
     assert np.array_equal(conv.W.grad, gW.reshape(Wc.shape))
 
 
+@pytest.mark.parametrize('stride,pad,dilate,cover_all', [
+    (1, 1, 1, False), (2, 1, 1, False), (2, 0, 1, True), (1, 2, 2, False),
+    ((1, 2), (0, 1), (2, 1), True)])
+def test_im2col_rows_equals_chainers_im2col_transposed(stride, pad, dilate,
+                                                       cover_all):
+    """The RHT wgrad's im2col, written straight into (C, kh, kw, N, H',
+    W'), is Chainer's im2col with N moved behind the taps, exactly."""
+    from ada_loss.functions.convolution_2d import _im2col_rows_cpu
+    def pair(v):
+        return v if isinstance(v, tuple) else (v, v)
+    (sy, sx), (ph, pw), (dy, dx) = pair(stride), pair(pad), pair(dilate)
+    x = np.random.RandomState(0).standard_normal((3, 5, 9, 8)).astype(
+        np.float32)
+    want = conv_utils.im2col_cpu(x, 3, 2, sy, sx, ph, pw,
+                                 cover_all=cover_all, dy=dy, dx=dx)
+    got = _im2col_rows_cpu(x, 3, 2, sy, sx, ph, pw, cover_all, dy, dx)
+    assert np.array_equal(got, want.transpose(1, 2, 3, 0, 4, 5))
+
+
 def _words_nchw(g, seed, step):
     from scaled_reference import reference_words
     return np.array(reference_words(g.size, seed, step),
@@ -241,15 +260,15 @@ def _nchw_blocks_words(g, words):
     return np.ascontiguousarray(q.transpose(0, 3, 1, 2))
 
 
-def _model(precision):
+def _model(precision, seed=0):
     np.random.seed(0)
     with dtype_config(precision):
-        return Classifier(SmallCNN(10, 1, width=8), precision)
+        return Classifier(SmallCNN(10, 1, width=8), precision, seed)
 
 
-def _train(precision, steps):
+def _train(precision, steps, seed=0):
     data = get_digits(size=16)[0][:64]
-    model = _model(precision)
+    model = _model(precision, seed)
     opt = setup_optimizer(chainer.optimizers.SGD(0.05), model, precision)
     it = chainer.iterators.SerialIterator(data, 32, shuffle=False)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -283,6 +302,38 @@ def test_bf16_layers_and_sr_state_serialized(tmp_path):
         assert 'predictor/conv2/gemm_scaling/sr_step' in npz.files
     with pytest.raises(ValueError, match='not GEMM layers'):
         _model('nvfp4:bf16=conv9')
+
+
+def _params(model):
+    return {n: p.array.copy() for n, p in model.namedparams()}
+
+
+def test_run_seed_seeds_stochastic_rounding():
+    """The run's seed (Classifier's, from the training config) keys every
+    layer's stochastic-rounding stream: the same seed repeats a run bit
+    for bit, another seed draws other words (other weights after two
+    steps, from the same initial weights and batches); with sr=false the
+    seed changes nothing."""
+    a, again, other = (_params(_train('nvfp4', 2, seed))
+                       for seed in (5, 5, 6))
+    assert a.keys() == other.keys()
+    for n in a:
+        assert np.array_equal(a[n], again[n]), n
+    differ = [n for n in a if n.endswith('/W')
+              and not np.array_equal(a[n], other[n])]
+    assert differ, 'seeds 5 and 6 gave the same weights'
+    seeds = {s: {n: l.gemm_scaling.sr_seed
+                 for n, l in _model('nvfp4', s).predictor.namedlinks()
+                 if getattr(l, 'gemm_scaling', None) is not None}
+             for s in (5, 6)}
+    assert seeds[5].keys() == seeds[6].keys()
+    assert all(seeds[5][n] != seeds[6][n] for n in seeds[5])
+    assert len(set(seeds[5].values())) == len(seeds[5])   # one per layer
+    plain = [_params(_train('nvfp4:sr=false', 2, s)) for s in (5, 6)]
+    for n in plain[0]:
+        assert np.array_equal(plain[0][n], plain[1][n]), n
+    with pytest.raises(ValueError, match='seed'):
+        _model('nvfp4', -1)
 
 
 def test_nvfp4_deconvolution_wgrad_with_rht():

@@ -118,7 +118,7 @@ def make_model(model_cfg, info, precision, seed):
     numpy.random.seed(seed)
     with dtype_config(precision):
         return Classifier(build(model_cfg.name, info[0], info[1],
-                                model_cfg.width), precision)
+                                model_cfg.width), precision, seed)
 
 
 def _policy_error(key, fn):

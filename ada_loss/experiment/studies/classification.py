@@ -371,7 +371,7 @@ class ClassificationStudy(RC.TrainingStudy):
         with dtype_config(run.precision):
             return Classifier(build(
                 run.cell.model, num_classes, m.in_channels or in_channels,
-                m.width, m.shortcut), run.precision)
+                m.width, m.shortcut), run.precision, run.seed)
 
     def optimizer(self, run, model):
         t = run.config.train

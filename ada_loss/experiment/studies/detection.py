@@ -204,7 +204,7 @@ class DetectionStudy(RC.TrainingStudy):
         t = run.cfg.train
         model = build_ssd(run.cell.model, len(VOC_LABEL_NAMES),
                           run.precision, run.cfg.model.pretrained_model,
-                          initialize=True)
+                          initialize=True, seed=run.seed)
         return MultiboxTrainChain(model, alpha=t.loc_weight,
                                   k=t.neg_pos_ratio)
 

@@ -224,11 +224,11 @@ class FiguresStudy(RC.TrainingStudy):
         cfg = run.cfg
         if cfg.task == 'detection':
             return MultiboxTrainChain(build_ssd(cfg.model, 20,
-                                               run.precision))
+                                               run.precision, seed=run.seed))
         with dtype_config(run.precision):
             predictor = build_model(cfg.model, cfg.num_classes,
                                     **(cfg.model_kwargs or {}))
-        return Classifier(predictor, run.precision)
+        return Classifier(predictor, run.precision, run.seed)
 
     def datasets(self, run, data, model):
         if run.cfg.task == 'detection':

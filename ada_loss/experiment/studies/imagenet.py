@@ -165,7 +165,7 @@ class ImageNetStudy(RC.TrainingStudy):
         num_classes = len(data[0]._dataset.label_names)
         with dtype_config(run.precision):
             return Classifier(build_model(run.cell.model, num_classes),
-                              run.precision)
+                              run.precision, run.seed)
 
     def datasets(self, run, data, model):
         d, t = run.cfg.data, run.cfg.train
