@@ -167,3 +167,26 @@ def test_authors_style_has_its_own_column():
     assert row[header.index('fp8_e4m3 Adaptive (authors)')] == \
         '30.00 ± 10.00 (n=3)'
     assert row[header.index('fp8_e4m3 Adaptive')] == '53.67 ± 3.21 (n=3)'
+
+
+def test_recipe_variants_against_the_full_recipe():
+    """What each part of a recipe buys (issue 33): ``nvfp4:rht=false``
+    against ``nvfp4`` (both mode none), paired by seed; the full recipe, a
+    grad=loss precision and a precision without options get no row."""
+    assert depth.full_recipe('nvfp4:rht=false') == 'nvfp4'
+    assert depth.full_recipe('nvfp4') is None
+    assert depth.full_recipe('mixed16') is None
+    assert depth.full_recipe('fp8_e4m3:recipe=current,grad=loss') is None
+    cfg = types.SimpleNamespace(grid=types.SimpleNamespace(
+        models=['resnet20'], precisions=['nvfp4', 'nvfp4:rht=false']))
+    runs = {
+        ('nvfp4', 'resnet20', 'none'): [_run(s, 0.60) for s in range(3)],
+        ('nvfp4:rht=false', 'resnet20', 'none'): [
+            _run(0, 0.62), _run(1, 0.63), _run(2, 0.64)],
+    }
+    text = depth.variant_paired(cfg, runs)
+    # +2, +3, +4: mean 3, std 1, half-width 4.303 / sqrt(3) = 2.48
+    assert '| resnet20 | nvfp4:rht=false | none |' in text
+    assert '+3.00 ± 2.48 (n=3) | ahead | 3/3 |' in text
+    assert text.count('\n') == 2           # header, rule, one row
+    assert depth.variant_paired(cfg, {}) == ''

@@ -380,6 +380,38 @@ def recipe_paired(cfg, runs, base_mode='none'):
     return table if table.count('\n') > 1 else ''
 
 
+def full_recipe(precision):
+    """The precision a variant is compared with in :func:`variant_paired`:
+    its name alone, as the precision parser spells it (``nvfp4`` for
+    ``nvfp4:rht=false``); None where ``precision`` is that already, or
+    carries ``grad=loss`` (:func:`recipe_paired` compares those)."""
+    text = str(precision)
+    name, _, options = text.partition(':')
+    if not options or 'grad=loss' in options.split(','):
+        return None
+    base = str(parse_precision(name))
+    return None if base == str(parse_precision(text)) else base
+
+
+def variant_paired(cfg, runs, mode='none'):
+    """Per depth and precision variant (an option switched, e.g.
+    ``nvfp4:rht=false``): the variant against the full recipe (its name
+    alone), both with ``mode`` (``none``: the recipes' own scaling), paired
+    by seed, with the 95 % interval and the verdict: what each part of a
+    recipe buys (issue 33). Empty when the grid has no such pair."""
+    def pairs():
+        for m in cfg.grid.models:
+            for p in (str(p) for p in cfg.grid.precisions):
+                base = full_recipe(p)
+                if base is None or not runs.get((base, m, mode)) or \
+                        not runs.get((p, m, mode)):
+                    continue
+                yield (m, p, mode, _by_seed(runs[(p, m, mode)]),
+                       _by_seed(runs[(base, m, mode)]))
+    table = _paired_table('Full recipe', pairs())
+    return table if table.count('\n') > 1 else ''
+
+
 #: a run collapses when it ends more than this many points below FP32
 COLLAPSE_POINTS = 20.0
 
@@ -635,6 +667,11 @@ def write_outputs(cfg, out, runs, left=()):
         t1 += ('\n**Loss scaling inside the recipe (grad=loss) against the '
                'recipe\'s own gradient scaling (mode none), paired by '
                'seed**\n\n' + recipes + '\n')
+    variants = variant_paired(cfg, runs)
+    if variants:
+        t1 += ('\n**Each part of a recipe: a precision with options (a part '
+               'switched off or on) against its name alone, both with mode '
+               'none, paired by seed**\n\n' + variants + '\n')
     robust = robustness(cfg, runs)
     if robust:
         t1 += ('\n**Robustness: spread over seeds and runs that collapsed '
