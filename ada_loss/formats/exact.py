@@ -67,25 +67,27 @@ def _kernel(name):
     return _kernels[name]
 
 
+def _on_device(v):
+    return type(v).__module__.split('.')[0] == 'cupy'
+
+
 def _bits(a):
-    """A CuPy float32 array (or scalar) as its uint32 bits."""
-    import cupy
-    if numpy.isscalar(a) or getattr(a, 'ndim', 1) == 0 and \
-            not isinstance(a, cupy.ndarray):
+    """A CuPy float32 array (or a scalar) as its uint32 bits."""
+    if not _on_device(a):
         return _F32(a).view(numpy.uint32)
+    import cupy
     return cupy.ascontiguousarray(a, dtype=_F32).view(numpy.uint32)
 
 
 def _on_host(a, b):
-    return all(isinstance(v, numpy.ndarray) or numpy.isscalar(v)
-               for v in (a, b))
+    return not (_on_device(a) or _on_device(b))
 
 
 def multiply(a, b):
-    """``a · b`` of float32 arrays or scalars (broadcast), rounded once as
-    IEEE 754 float32 multiplication rounds it, subnormal operands and
-    results included, on NumPy and CuPy alike. NaN and Inf propagate as in
-    a float32 product."""
+    """``a · b`` of float32 arrays or scalars (broadcast; other float
+    dtypes are cast to float32 first), rounded once as IEEE 754 float32
+    multiplication rounds it, subnormal operands and results included, on
+    NumPy and CuPy alike. NaN and Inf propagate as in a float32 product."""
     if _on_host(a, b):
         return numpy.multiply(a, b, dtype=_F32)
     return _kernel('mul')(_bits(a), _bits(b))
@@ -102,28 +104,34 @@ def divide(a, b):
 
 
 def ldexp(a, e):
-    """``a · 2^e`` of a float32 array and int32 exponents, rounded once to
-    float32 (subnormal operands and results included) on NumPy and CuPy
-    alike."""
-    if isinstance(a, numpy.ndarray):
-        return numpy.ldexp(a, e).astype(_F32, copy=False)
+    """``a · 2^e`` of float32 values (other float dtypes cast to float32
+    first) and int32 exponents, rounded once to float32 (subnormal operands
+    and results included) on NumPy and CuPy alike."""
+    if _on_host(a, e):
+        return numpy.ldexp(numpy.asarray(a, dtype=_F32), e).astype(
+            _F32, copy=False)
     return _kernel('ldexp')(_bits(a), e.astype(numpy.int32, copy=False)
                             if hasattr(e, 'astype') else numpy.int32(e))
 
 
+def _as_f32(a):
+    xp = __import__('cupy') if _on_device(a) else numpy
+    return xp.asarray(a, dtype=_F32)
+
+
 def abs_max_bits(a, axis, keepdims=True):
-    """max|a| over ``axis`` of a float32 array, from its bits: the magnitude
-    bits of non-negative floats order as the floats do, so a max over
-    integers gives the float max with no float arithmetic (no flush of
-    subnormals to zero on a GPU); a NaN gives a NaN (its bits exceed
-    Inf's)."""
-    xp = numpy if isinstance(a, numpy.ndarray) else __import__('cupy')
-    m = (a.view(numpy.uint32) & numpy.uint32(0x7fffffff)).max(
+    """max|a| over ``axis`` of float32 values (other float dtypes cast to
+    float32 first), from the bits: the magnitude bits of non-negative
+    floats order as the floats do, so a max over integers gives the float
+    max with no float arithmetic (no flush of subnormals to zero on a GPU);
+    a NaN gives a NaN (its bits exceed Inf's)."""
+    m = (_as_f32(a).view(numpy.uint32) & numpy.uint32(0x7fffffff)).max(
         axis=axis, keepdims=keepdims)
-    return xp.ascontiguousarray(m).view(_F32)
+    return m.view(_F32)
 
 
 def is_zero(a):
-    """``a == 0`` (±0) from the bits: a subnormal is not zero, also where
-    the GPU's float32 comparison would flush it."""
-    return (a.view(numpy.uint32) & numpy.uint32(0x7fffffff)) == 0
+    """``a == 0`` (±0) from the bits of ``a`` as float32: a float32
+    subnormal is not zero, also where the GPU's float32 comparison would
+    flush it."""
+    return (_as_f32(a).view(numpy.uint32) & numpy.uint32(0x7fffffff)) == 0

@@ -382,15 +382,21 @@ def recipe_paired(cfg, runs, base_mode='none'):
 
 def full_recipe(precision):
     """The precision a variant is compared with in :func:`variant_paired`:
-    its name alone, as the precision parser spells it (``nvfp4`` for
-    ``nvfp4:rht=false``); None where ``precision`` is that already, or
-    carries ``grad=loss`` (:func:`recipe_paired` compares those)."""
-    text = str(precision)
+    the same recipe with its other options at their defaults — the name
+    alone (``nvfp4`` for ``nvfp4:rht=false``), or the name with its
+    ``recipe=`` (``fp8:recipe=blockwise`` for
+    ``fp8:recipe=blockwise,pow2=true``: a recipe is a different precision
+    from the unscaled format, never its variant). None where ``precision``
+    is that already, or carries ``grad=loss`` (:func:`recipe_paired`
+    compares those)."""
+    text = str(parse_precision(str(precision)))
     name, _, options = text.partition(':')
-    if not options or 'grad=loss' in options.split(','):
+    opts = [o for o in options.split(',') if o]
+    if not opts or 'grad=loss' in opts:
         return None
-    base = str(parse_precision(name))
-    return None if base == str(parse_precision(text)) else base
+    keep = [o for o in opts if o.startswith('recipe=')]
+    base = str(parse_precision(name + (':' + keep[0] if keep else '')))
+    return None if base == text else base
 
 
 def variant_paired(cfg, runs, mode='none'):
