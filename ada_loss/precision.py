@@ -310,8 +310,8 @@ def _nvfp4(arg):
     """``nvfp4`` and its options (module docstring); the canonical name
     lists the parts switched off, then the BF16 layers, then ``out``."""
     o = _options(arg, _NVFP4_OPTIONS)
-    layers = tuple(dict.fromkeys(filter(None, o.get('bf16', '').split(
-        '+'))))
+    # a set of layers: sorted, so that one recipe has one canonical name
+    layers = tuple(sorted(set(filter(None, o.get('bf16', '').split('+')))))
     recipe = make_recipe(
         'nvfp4', 'fp4_e2m1', 'fp4_e2m1', block_size=16,
         rht=_flag(o.get('rht', 'true'), 'rht'),

@@ -45,6 +45,7 @@ F32 = np.float32
     ('nvfp4:tiles=1d,sr=false,rht=false', 'nvfp4:rht=false,sr=false,'
      'tiles=1d'),
     ('nvfp4:bf16=conv1+fc+conv1,out=bf16', 'nvfp4:bf16=conv1+fc,out=bf16'),
+    ('nvfp4:bf16=fc+conv1', 'nvfp4:bf16=conv1+fc'),   # a set: one name
     ('fp8:recipe=blockwise', 'fp8:recipe=blockwise'),
     ('fp8:pow2=true,recipe=blockwise', 'fp8:recipe=blockwise,pow2=true'),
 ])
