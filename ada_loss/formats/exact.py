@@ -114,19 +114,20 @@ def ldexp(a, e):
                             if hasattr(e, 'astype') else numpy.int32(e))
 
 
-def _as_f32(a):
-    xp = __import__('cupy') if _on_device(a) else numpy
-    return xp.asarray(a, dtype=_F32)
-
-
 def abs_max_bits(a, axis, keepdims=True):
     """max|a| over ``axis`` of float32 values (other float dtypes cast to
     float32 first), from the bits: the magnitude bits of non-negative
     floats order as the floats do, so a max over integers gives the float
     max with no float arithmetic (no flush of subnormals to zero on a GPU);
     a NaN gives a NaN (its bits exceed Inf's)."""
-    m = (_as_f32(a).view(numpy.uint32) & numpy.uint32(0x7fffffff)).max(
-        axis=axis, keepdims=keepdims)
+    if _on_device(a):
+        # (the code the H200 ran; the library passes float32 blocks)
+        import cupy
+        m = (a.view(numpy.uint32) & numpy.uint32(0x7fffffff)).max(
+            axis=axis, keepdims=keepdims)
+        return cupy.ascontiguousarray(m).view(_F32)
+    m = (numpy.asarray(a, dtype=_F32).view(numpy.uint32)
+         & numpy.uint32(0x7fffffff)).max(axis=axis, keepdims=keepdims)
     return m.view(_F32)
 
 
@@ -134,4 +135,6 @@ def is_zero(a):
     """``a == 0`` (±0) from the bits of ``a`` as float32: a float32
     subnormal is not zero, also where the GPU's float32 comparison would
     flush it."""
-    return (_as_f32(a).view(numpy.uint32) & numpy.uint32(0x7fffffff)) == 0
+    if not _on_device(a):
+        a = numpy.asarray(a, dtype=_F32)
+    return (a.view(numpy.uint32) & numpy.uint32(0x7fffffff)) == 0
