@@ -159,6 +159,24 @@ def cell(mode):
         mode.replace(':', '_').replace(',', '_'))
 
 
+def run_killed_twice(config, tmp_path, mode, *args):
+    """The same run uninterrupted and killed twice (mid-epoch, then while
+    writing a snapshot) and resumed to the end; returns the killed run's
+    folder and the uninterrupted one's, both finished."""
+    whole = str(tmp_path / 'whole')
+    proc = run(config, whole, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = str(tmp_path / 'killed')
+    for i, kill in enumerate(('train_batch:5', 'snapshot_write:1')):
+        proc = run(config, out, *args, *(['--resume'] if i else []),
+                   kill=kill)
+        assert killed(proc), (kill, proc.returncode, proc.stderr[-2000:])
+    proc = run(config, out, *args, '--resume')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return (os.path.join(out, 'kill', cell(mode)),
+            os.path.join(whole, 'kill', cell(mode)))
+
+
 @pytest.mark.parametrize('mode', MODES)
 def test_killed_and_resumed_run_is_bit_identical(tiny, mode, tmp_path):
     config, ref, _ = tiny
@@ -318,25 +336,17 @@ def test_probed_run_killed_and_resumed_writes_the_same_probe(tiny, tmp_path):
     mode = MODES[-1]
     args = ('--only', 'mode=' + mode, '--set', 'log.probe_every=3',
             '--set', 'train.precision=fp8_e4m3')
-    whole = str(tmp_path / 'whole')
-    assert run(config, whole, *args).returncode == 0
-    out = str(tmp_path / 'killed')
-    for i, kill in enumerate(('train_batch:5', 'snapshot_write:1')):
-        proc = run(config, out, *args, *(['--resume'] if i else []),
-                   kill=kill)
-        assert killed(proc), (kill, proc.returncode, proc.stderr[-2000:])
-    assert run(config, out, *args, '--resume').returncode == 0
+    folder, reference = run_killed_twice(config, tmp_path, mode, *args)
 
-    def probe(root):
-        with open(os.path.join(root, 'kill', cell(mode), 'probe.csv')) as f:
+    def probe(folder):
+        with open(os.path.join(folder, 'probe.csv')) as f:
             return list(csv.reader(f))
-    rows = probe(out)
-    assert rows == probe(whole)
+    rows = probe(folder)
+    assert rows == probe(reference)
     # steps 1, 3, 6 of 8, every GEMM layer of the small CNN
     assert sorted({int(r[1]) for r in rows[1:]}) == [1, 3, 6]
     # in TensorBoard: the probe's rates and log2|g| histograms per layer at
     # the probed steps (the events as a whole: assert_same_run below)
-    folder = os.path.join(out, 'kill', cell(mode))
     steps = TB.steps_by_tag(TB.timeline(folder))
     layers = {r[3] for r in rows[1:]}
     for group in ('underflow_in', 'overflow_in', 'underflow_out',
@@ -348,8 +358,7 @@ def test_probed_run_killed_and_resumed_writes_the_same_probe(tiny, tmp_path):
         got = dict(scalars['overflow_in/' + r[3]])[int(r[1])]
         assert got == pytest.approx(float(r[header.index('of_in')]),
                                     rel=1e-5, abs=1e-7)
-    assert_same_run(os.path.join(out, 'kill', cell(mode)),
-                    os.path.join(whole, 'kill', cell(mode)))
+    assert_same_run(folder, reference)
 
 
 def test_resume_with_the_plots_and_the_probe_turned_on(tiny, tmp_path):
@@ -423,18 +432,8 @@ def test_delayed_fp8_amax_histories_survive_kill_and_resume(tiny, tmp_path):
     mode = 'fixed:64'
     args = ('--only', 'mode=' + mode, '--set',
             'train.precision=fp8:recipe=delayed,history=3')
-    whole = str(tmp_path / 'whole')
-    proc = run(config, whole, *args)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = str(tmp_path / 'killed')
-    for i, kill in enumerate(('train_batch:5', 'snapshot_write:1')):
-        proc = run(config, out, *args, *(['--resume'] if i else []),
-                   kill=kill)
-        assert killed(proc), (kill, proc.returncode, proc.stderr[-2000:])
-    proc = run(config, out, *args, '--resume')
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    folder = os.path.join(out, 'kill', cell(mode))
-    assert_same_run(folder, os.path.join(whole, 'kill', cell(mode)))
+    folder, reference = run_killed_twice(config, tmp_path, mode, *args)
+    assert_same_run(folder, reference)
     arrays = run_state(folder)[0]
     keys = [k for k in arrays if k.endswith('gemm_scaling/gy/amax_history')]
     assert len(keys) == 4                 # conv1..3, fc
@@ -494,18 +493,8 @@ def test_nvfp4_stochastic_rounding_survives_kill_and_resume(tmp_path):
     cifar = ondisk_fixtures.make_cifar10(str(tmp_path))
     config = write_config(tmp_path, cifar, modes=(mode,), precision='nvfp4')
     args = ()
-    whole = str(tmp_path / 'whole')
-    proc = run(config, whole, *args)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = str(tmp_path / 'killed')
-    for i, kill in enumerate(('train_batch:5', 'snapshot_write:1')):
-        proc = run(config, out, *args, *(['--resume'] if i else []),
-                   kill=kill)
-        assert killed(proc), (kill, proc.returncode, proc.stderr[-2000:])
-    proc = run(config, out, *args, '--resume')
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    folder = os.path.join(out, 'kill', cell(mode))
-    assert_same_run(folder, os.path.join(whole, 'kill', cell(mode)))
+    folder, reference = run_killed_twice(config, tmp_path, mode, *args)
+    assert_same_run(folder, reference)
     arrays = run_state(folder)[0]
     steps = {k: int(v) for k, v in arrays.items()
              if k.endswith('gemm_scaling/sr_step')}
