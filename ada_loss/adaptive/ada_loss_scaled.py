@@ -87,9 +87,9 @@ class AdaLossScaled(object):
             lowers the β of the GEMMs that produced the first non-finite
             gradient by 2^-k, k growing with consecutive skips (1, 3, 6,
             ...), relaxed by one binade per ``backoff_window`` clean steps.
-            ``guard=False`` is the paper's Algorithm 3–4 exactly. CPU
-            arrays only for now: a backward on a device runs unguarded
-            (with a warning).
+            ``guard=False`` is the paper's Algorithm 3–4 exactly. On device
+            arrays the guard's fits are decided on the device (no host
+            read); what it noted is read after a skipped step.
         backoff_window (int): clean steps after which each layer's backoff
             is relaxed by one power of two (default 100).
         verbose (bool): print which layers were converted.
@@ -152,7 +152,6 @@ class AdaLossScaled(object):
         self._skip_run = 0
         self._clean_steps = 0
         self._last_pass = None
-        self._warned_device = False
         self._records = collections.OrderedDict()
         self._foreign_reported = set()
         self.converted, self.not_converted = self._convert(model)
@@ -295,15 +294,6 @@ class AdaLossScaled(object):
                     'has not been written and run on a GPU yet')
             entry = _LossGradientMoments()
         guard = self.guard
-        if guard and not isinstance(loss.array, numpy.ndarray):
-            guard = False
-            if not self._warned_device:
-                self._warned_device = True
-                warnings.warn(
-                    '{}: the overflow guard and the backoff after skipped '
-                    'steps run on CPU arrays only (their device path has not '
-                    'been run on a GPU yet); this backward runs as '
-                    'guard=false'.format(type(self).__name__))
         init_scale = self.init_scale
         k = self._backoff.get(LOSS, 0)
         if k:
@@ -356,11 +346,17 @@ class AdaLossScaled(object):
         if bp.nonfinite is None:
             for use in bp.uses:
                 for g in use.params:
-                    if g.dtype == numpy.float16 and \
-                            isinstance(g, numpy.ndarray) and \
-                            not numpy.isfinite(max_abs(g)):
-                        bp.nonfinite = NonFinite(use.layer, use.alpha,
-                                                 max_abs(g), use.origins)
+                    if g.dtype != numpy.float16:
+                        continue
+                    if isinstance(g, numpy.ndarray):
+                        peak, alpha = max_abs(g), use.alpha
+                    else:    # one read per gradient, after a skipped step
+                        device = device_kernels()
+                        peak, alpha = device.to_floats(
+                            [device.max_abs(g), use.alpha])
+                    if not math.isfinite(peak):
+                        bp.nonfinite = NonFinite(use.layer, alpha, peak,
+                                                 use.origins)
                         return bp.nonfinite
         return bp.nonfinite
 
@@ -385,8 +381,8 @@ class AdaLossScaled(object):
         ``backoff_window`` clean steps relax every layer's backoff by one
         power of two."""
         bp = self._last_pass
-        if not self.guard or (bp is not None and not bp.guard):
-            return     # no backoff where the pass ran unguarded (a device)
+        if not self.guard:
+            return
         if skipped and bp is not None and not bp.loss_finite:
             # a bad batch (the loss itself is Inf/NaN: NaN inputs, a forward
             # overflow): no scale caused it and none can fix it, so the
@@ -498,9 +494,9 @@ def _backed_off(beta, k, alpha):
     """β lowered by the backoff 2^-k, but not so far that α·β falls below
     :data:`MIN_BACKOFF_SCALE` (a β that Algorithm 4 itself chose lower
     is kept)."""
-    lowered = beta * 2.0 ** -k
     if is_device_scalar(alpha) or is_device_scalar(beta):
-        return lowered
+        return device_kernels().backed_off(beta, k, alpha, MIN_BACKOFF_SCALE)
+    lowered = beta * 2.0 ** -k
     if alpha * lowered >= MIN_BACKOFF_SCALE:
         return lowered
     return min(beta, 2.0 ** math.ceil(math.log2(MIN_BACKOFF_SCALE / alpha)))

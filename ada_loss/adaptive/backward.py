@@ -28,7 +28,11 @@ and no bound of Algorithm 4 looks there) is multiplied by the power of two
 GEMM's input gradient is fitted the same way (``fit_input_grad``), as its
 weight gradient always is. Both are exact (powers of two), so the unscaled
 gradients are unchanged where nothing overflowed, and scaling alone cannot
-make a gradient Inf/NaN. Every pass also notes the first GEMM (in backward
+make a gradient Inf/NaN. On device arrays the same decisions are made on the
+device (:func:`ada_loss.loss_scale.device.fit_ratio`, the same rounding of
+the same candidate products), with no host read: what the pass notes (the
+first non-finite gradient, the guarded layers) is kept as device scalars and
+read with one transfer when asked (after a skipped step). Every pass also notes the first GEMM (in backward
 order) whose entering gradient is non-finite, and which GEMMs produced it
 (:attr:`ScaledBackprop.nonfinite`): the skip report and the per-layer
 backoff after a skipped step (:class:`ada_loss.AdaLossScaled`) use it.
@@ -250,7 +254,7 @@ class ScaledBackprop(object):
             classifier, every head of a detector), with that gradient's
             array as carried (before the GEMM rounds it) and its scale.
         guard (bool): the overflow guard (see the module docstring; on
-            NumPy arrays: a device pass runs without it).
+            device arrays decided on the device).
     """
 
     def __init__(self, gemm_scale, u_max, observe=None, weight_scale=None,
@@ -272,16 +276,83 @@ class ScaledBackprop(object):
         self.layers = []
         #: labels of Chainer GEMM nodes met that are not scale-aware
         self.foreign_gemms = []
-        #: :data:`NonFinite` of the first non-finite gradient entering a
-        #: GEMM (host arrays, not float16 ones: see ``_check_entering``),
-        #: or None
-        self.nonfinite = None
+        # :data:`NonFinite` of the first non-finite gradient entering a
+        # GEMM (not float16 ones: see ``_check_entering``), or None; the
+        # ``nonfinite`` property
+        self._nonfinite = None
         #: one :data:`GemmUse` per GEMM node of the pass, backward order (a
         #: layer whose weights are shared appears once per use)
         self.uses = []
-        #: {(layer, 'in' or 'out'): k} for each GEMM whose entering or
-        #: produced input gradient the guard lowered by 2^-k
-        self.guarded = collections.OrderedDict()
+        # {(layer, 'in' or 'out'): k} for each GEMM whose entering or
+        # produced input gradient the guard lowered by 2^-k; the
+        # ``guarded`` property
+        self._guarded = collections.OrderedDict()
+        # a device pass's checks, in backward order, until read: ('in',
+        # layer, α, peak, ratio, origins, stored format) and ('out', layer,
+        # β, the fitted β) with device scalars
+        self._pending = []
+        self._loss_finite = None
+        self._loss_array = None
+
+    # -- what the pass noted (read from the device when asked) -----------
+    @property
+    def nonfinite(self):
+        """:data:`NonFinite` of the first non-finite gradient entering a
+        GEMM (or overflowing its stored format when rounded, without the
+        guard), or None."""
+        self._read_pending()
+        return self._nonfinite
+
+    @nonfinite.setter
+    def nonfinite(self, value):
+        self._read_pending()
+        self._nonfinite = value
+
+    @property
+    def guarded(self):
+        """{(layer, 'in' or 'out'): k} for each GEMM whose entering or
+        produced input gradient the guard lowered by 2^-k."""
+        self._read_pending()
+        return self._guarded
+
+    @property
+    def loss_finite(self):
+        """Whether the loss itself is finite (a bad batch is not a scale's
+        fault: the backoff leaves the scales alone); on a device read when
+        asked."""
+        if self._loss_finite is None and self._loss_array is not None:
+            xp = backend.get_array_module(self._loss_array)
+            self._loss_finite = bool(xp.isfinite(self._loss_array).all())
+        return self._loss_finite
+
+    def _read_pending(self):
+        """Resolves a device pass's checks with one transfer, exactly as
+        :meth:`_check_entering` and the guard of :meth:`_step` decide them
+        on the host."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        values = device_kernels().to_floats(
+            [v for p in pending for v in p[2:5]])
+        for n, p in enumerate(pending):
+            a, peak, ratio = values[3 * n:3 * n + 3]
+            if p[0] == 'out':
+                # (β, the β the fit left): k of 2^-k
+                if ratio != a:
+                    self._guarded[(p[1], 'out')] = int(round(math.log2(
+                        a / ratio)))
+                continue
+            layer, origins, fmt, guard = p[1], p[5], p[6], p[7]
+            if not math.isfinite(peak):
+                if self._nonfinite is None:
+                    self._nonfinite = NonFinite(layer, a, peak, origins)
+            elif ratio != 1:
+                if guard:
+                    self._guarded[(layer, 'in')] = -int(math.log2(ratio))
+                elif self._nonfinite is None:
+                    stored = float(fmt.quantize(numpy.array(
+                        [peak], numpy.float32))[0])
+                    self._nonfinite = NonFinite(layer, a, stored, origins)
 
     # -- merging ----------------------------------------------------------
     def _merge(self, entries, where):
@@ -319,11 +390,8 @@ class ScaledBackprop(object):
                     '{}'.format(loss.shape))
             xp = backend.get_array_module(loss.array)
             gy = chainer.Variable(xp.ones_like(loss.array), requires_grad=False)
-        #: whether the loss itself is finite (a bad batch is not a scale's
-        #: fault: the backoff leaves the scales alone; host arrays only)
-        self.loss_finite = not isinstance(loss.array, numpy.ndarray) or \
-            bool(numpy.isfinite(loss.array).all())
-        if not self.loss_finite:
+        self._loss_array = loss.array
+        if isinstance(loss.array, numpy.ndarray) and not self.loss_finite:
             # a bad batch says nothing of the gradients' magnitudes: nothing
             # is observed (the amax histories are left as they are)
             self.observe = None
@@ -403,9 +471,9 @@ class ScaledBackprop(object):
         if is_gemm:
             key = gemm_key(func)
             self.layers.append(key)
-            if host:
-                out_grad, alpha = self._check_entering(
-                    func, key, out_grad, alpha, origins)
+            check = self._check_entering if host else \
+                self._check_entering_on_device
+            out_grad, alpha = check(func, key, out_grad, alpha, origins)
             entering_alpha = alpha
         in_scales = [alpha] * len(inputs)
         if is_gemm:
@@ -447,13 +515,19 @@ class ScaledBackprop(object):
             # β scales the input gradient, γ the weight and bias gradients;
             # an overflowing weight gradient is fitted into the format and
             # the scale it got comes back with it (its leaf carries it).
-            fit = self.guard and host
+            fit = self.guard
             gxs, input_grad_scale, weight_grad_scale = func.backward_scaled(
                 targets, out_grad, input_scale=beta, weight_scale=gamma,
                 fit_weight_grad=True, fit_input_grad=fit)
-            if fit and input_grad_scale != beta:
+            if fit and not host and input_grad_scale is not beta:
+                # decided on the device: noted, read when asked
+                self._pending.append(('out', key, beta, input_grad_scale,
+                                      input_grad_scale))
+                beta = input_grad_scale
+                in_scales[0] = self.scales.product(alpha, beta)
+            elif fit and host and input_grad_scale != beta:
                 # the guard lowered β: the input gradient's α follows
-                self.guarded[(key, 'out')] = int(round(math.log2(
+                self._guarded[(key, 'out')] = int(round(math.log2(
                     beta / input_grad_scale)))
                 beta = input_grad_scale
                 in_scales[0] = self.scales.product(alpha, beta)
@@ -516,12 +590,13 @@ class ScaledBackprop(object):
             # GEMM's weight gradient, which the caller checks only when the
             # step is skipped (AdaLossScaled.last_nonfinite): no pass here
             return out_grad, alpha
-        if self.nonfinite is not None and (fmt is None or not self.guard):
+        if self._nonfinite is not None and (fmt is None or
+                                            not self.guard):
             return out_grad, alpha     # nothing left to note or to guard
         peak = _max_abs(g)
         if not math.isfinite(peak):
-            if self.nonfinite is None:
-                self.nonfinite = NonFinite(key, alpha, peak, origins)
+            if self._nonfinite is None:
+                self._nonfinite = NonFinite(key, alpha, peak, origins)
             return out_grad, alpha
         if fmt is None:
             return out_grad, alpha
@@ -529,13 +604,34 @@ class ScaledBackprop(object):
         if ratio == 1:
             return out_grad, alpha
         if not self.guard:
-            if self.nonfinite is None:
+            if self._nonfinite is None:
                 stored = float(fmt.quantize(numpy.array([peak],
                                                         numpy.float32))[0])
-                self.nonfinite = NonFinite(key, alpha, stored, origins)
+                self._nonfinite = NonFinite(key, alpha, stored, origins)
             return out_grad, alpha
-        self.guarded[(key, 'in')] = -int(math.log2(ratio))
+        self._guarded[(key, 'in')] = -int(math.log2(ratio))
         return (HostScales.rescale(g, ratio),) + tuple(out_grad[1:]), \
+            alpha * ratio
+
+    def _check_entering_on_device(self, func, key, out_grad, alpha,
+                                  origins):
+        """:meth:`_check_entering` on device arrays: the peak and the fit
+        (1 for a peak that is not finite or does not overflow) are computed
+        on the device, the gradient and α multiplied by the fit with the
+        guard, and what to note is kept until read (:meth:`_read_pending`):
+        no host read."""
+        g = out_grad[0]
+        fmt = _stored_format(func, g.array)
+        if fmt is _FLOAT16 and g.array.dtype == numpy.float16:
+            return out_grad, alpha     # as on the host: nothing to guard
+        device = device_kernels()
+        peak = device.max_abs(g.array)
+        ratio = 1.0 if fmt is None else device.fit_ratio(peak, fmt)
+        self._pending.append(('in', key, alpha, peak, ratio, origins, fmt,
+                              self.guard))
+        if fmt is None or not self.guard:
+            return out_grad, alpha
+        return (DeviceScales.rescale(g, ratio),) + tuple(out_grad[1:]), \
             alpha * ratio
 
     @staticmethod

@@ -78,6 +78,14 @@ class BitRounder(object):
         self.over_bits = {'inf': _INF_BITS, 'nan': _NAN_BITS,
                           'saturate': self.max_bits}[overflow]
 
+    def cuda_constants(self):
+        """(shift, emin_bits, qe, max_bits, over_bits): the constants of
+        :data:`CUDA_ROUND_NEAREST` (qe: the exponent of the format's
+        subnormal quantum)."""
+        return (self.shift, self.emin_bits,
+                math.frexp(self.sub_quantum)[1] - 1, self.max_bits,
+                self.over_bits)
+
     def round(self, x, rng=None):
         """Round-to-nearest-even (``rng`` None) or stochastic rounding."""
         xp = array_module(x)
@@ -155,8 +163,12 @@ class MagicRounder(object):
 
 # Round-to-nearest-even to a format in integer arithmetic on the bits of a
 # float32, for CuPy: the format's subnormal range is rounded without float
-# arithmetic on float32 subnormals, which GPU code may flush to zero.
-_CUDA_ROUND = r"""
+# arithmetic on float32 subnormals, which GPU code may flush to zero. A CUDA
+# statement block from ``b`` and the rounder's constants (``shift``,
+# ``emin_bits``, ``qe``, ``max_bits``, ``over_bits``) to ``y``; also the body
+# of the device fit of :mod:`ada_loss.loss_scale.device` (the overflow guard
+# decides on the rounded value).
+CUDA_ROUND_NEAREST = r"""
 unsigned int s = b & 0x80000000u, m = b & 0x7fffffffu, r;
 if (m > 0x7f800000u) {
     r = 0x7fc00000u;                              // NaN stays NaN
@@ -208,12 +220,10 @@ def _round_nearest_cupy(rounder, x):
     if not _cuda_kernel:
         _cuda_kernel.append(cupy.ElementwiseKernel(
             'uint32 b, int32 shift, uint32 emin_bits, int32 qe, '
-            'uint32 max_bits, uint32 over_bits', 'uint32 y', _CUDA_ROUND,
+            'uint32 max_bits, uint32 over_bits', 'uint32 y', CUDA_ROUND_NEAREST,
             'ada_loss_round_nearest'))
-    qe = math.frexp(rounder.sub_quantum)[1] - 1
     bits = cupy.ascontiguousarray(x).view(_U32)
-    y = _cuda_kernel[0](bits, rounder.shift, rounder.emin_bits, qe,
-                        rounder.max_bits, rounder.over_bits)
+    y = _cuda_kernel[0](bits, *rounder.cuda_constants())
     return y.view(_F32)
 
 

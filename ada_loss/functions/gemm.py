@@ -32,7 +32,7 @@ from ada_loss.formats import get_format
 from ada_loss.formats.widen import widen
 from ada_loss.functions.fp16_gemm import emulates_fp16_gemm, round_to
 from ada_loss.functions.scales import (  # NOQA (is_device_scalar re-exported)
-    is_device_scalar, scaled)
+    device_kernels, is_device_scalar, scaled)
 from ada_loss.loss_scale.fit import fit_ratio
 from ada_loss.loss_scale.gemm import grad_input_gain, max_abs
 
@@ -42,7 +42,11 @@ _FLOAT16 = get_format('float16')
 def _fit_ratio(y, scale, fmt):
     """The power of two (≤ 1) by which ``scale · y`` must be lowered so
     that rounding it to ``fmt`` does not overflow; 1 for an empty or
-    non-finite ``y`` (nothing a power of two could fit)."""
+    non-finite ``y`` (nothing a power of two could fit). On a device array:
+    a 0-d device array, decided on the device (no host read)."""
+    if not isinstance(y, numpy.ndarray):
+        device = device_kernels()
+        return device.fit_ratio(device.max_abs(y), fmt, scale)
     peak = max_abs(y) * float(scale)
     if not math.isfinite(peak):
         return 1.0
@@ -455,8 +459,11 @@ class GemmFunction(object):
                                                weight_grad_scale,
                                                fit_weight_grad)
             ret.append(gW)
-            if gb is not None and w_scale is not weight_grad_scale and \
-                    w_scale != weight_grad_scale:
+            # (a scale decided on the device is redone without reading it:
+            # the same sum at the same scale, the same bits)
+            if gb is not None and w_scale is not weight_grad_scale and (
+                    is_device_scalar(w_scale)
+                    or w_scale != weight_grad_scale):
                 gb, _ = bias_grad(gy_b, self.bias_axis, self.grad_format,
                                   w_scale)
             weight_grad_scale = w_scale

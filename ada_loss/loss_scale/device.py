@@ -31,6 +31,7 @@ import cupy
 import numpy
 
 from ada_loss.formats import get_format
+from ada_loss.formats.quantize import CUDA_ROUND_NEAREST
 from ada_loss.loss_scale.gemm import check_bound, erfinv, reference_fan
 
 _THREADS = 256
@@ -399,6 +400,71 @@ extern "C" __global__ void common_scale(
 """
 
 
+# The fit of a gradient into its stored format by a power of two
+# (ada_loss.loss_scale.fit.fit_ratio), decided on the rounded value as the
+# host decides it: the candidate product in double, rounded to float32, then
+# to the format by the same integer rounding as quantize's CuPy kernel.
+_FIT_SOURCE = r"""
+__device__ unsigned int round_to_format(
+        unsigned int b, int shift, unsigned int emin_bits, int qe,
+        unsigned int max_bits, unsigned int over_bits) {
+    unsigned int y;
+""" + CUDA_ROUND_NEAREST + r"""
+    return y;
+}
+
+struct Rounder {
+    int shift, qe, saturates;
+    unsigned int emin_bits, max_bits, over_bits;
+};
+
+// overflows(value, fmt): the value rounds to Inf/NaN, or to u_max in a
+// format that saturates (ada_loss.loss_scale.fit.overflows)
+__device__ bool overflows(double v, const Rounder& f) {
+    unsigned int r = round_to_format(
+        __float_as_uint(__double2float_rn(v)), f.shift, f.emin_bits, f.qe,
+        f.max_bits, f.over_bits) & 0x7fffffffu;
+    return r >= 0x7f800000u || (f.saturates && r >= f.max_bits);
+}
+
+// out = the largest power of two 2^-k (k >= 0) with peak * scale * 2^-k not
+// overflowing; 1 where peak * scale does not overflow or is not finite
+extern "C" __global__ void fit_ratio(
+        const double* peak, const double* scale, double u_max, int shift,
+        unsigned int emin_bits, int qe, unsigned int max_bits,
+        unsigned int over_bits, int saturates, double* out) {
+    Rounder f = {shift, qe, saturates, emin_bits, max_bits, over_bits};
+    double p = peak[0] * scale[0];
+    double ratio = 1.0;
+    if (isfinite(p) && overflows(p, f)) {
+        int e;
+        frexp(p / u_max, &e);
+        ratio = fmin(1.0, ldexp(1.0, -(e - 1)));
+        // two halvings at most (fit_ratio's docstring); the bound is a guard
+        for (int i = 0; i < 64 && overflows(p * ratio, f); ++i)
+            ratio /= 2.0;
+    }
+    out[0] = ratio;
+}
+
+// the backoff of a skipped step (ada_loss.adaptive.ada_loss_scaled
+// ._backed_off): beta * 2^-k, but where alpha * that falls below min_scale
+// min(beta, 2^ceil(log2(min_scale / alpha)))
+extern "C" __global__ void backed_off(const double* beta, const double* alpha,
+                                      int k, double min_scale, double* out) {
+    double b = beta[0], a = alpha[0];
+    double lowered = b * ldexp(1.0, -k);
+    if (a * lowered >= min_scale) {
+        out[0] = lowered;
+    } else {
+        int e;
+        double m = frexp(min_scale / a, &e);    // = m * 2^e, m in [0.5, 1)
+        out[0] = fmin(b, ldexp(1.0, m == 0.5 ? e - 1 : e));
+    }
+}
+"""
+
+
 class _Workspace(object):
     """Per device: the compiled kernels (``--fmad=false``: no fused
     multiply-add, so the double arithmetic matches the host's operation by
@@ -407,13 +473,14 @@ class _Workspace(object):
     stream run in order, so one workspace per device serves them all."""
 
     def __init__(self):
-        module = cupy.RawModule(code=_SOURCE, options=('--std=c++14',
-                                                       '--fmad=false'))
+        module = cupy.RawModule(code=_SOURCE + _FIT_SOURCE,
+                                options=('--std=c++14', '--fmad=false'))
         self.kernels = {}
         for name in ('moments_f32', 'moments_f16', 'weight_stats_f32',
                      'weight_stats_f16', 'weight_stats_many_f32',
                      'weight_stats_many_f16', 'grad_beta_f32',
-                     'grad_beta_f16', 'cap_accum', 'common_scale'):
+                     'grad_beta_f16', 'cap_accum', 'common_scale',
+                     'fit_ratio', 'backed_off'):
             self.kernels[name] = module.get_function(name)
         self.counter = cupy.zeros(1, dtype=cupy.uint32)
         self._scratch = {}
@@ -673,6 +740,35 @@ def common_scale(scales, peaks, u_max, max_halvings=64):
     _kernel('common_scale')((1,), (1,), tuple(a) + tuple(p) + (
         cupy.int32(k), float(u_max), cupy.int32(max_halvings), out))
     return out[0], [out[1 + i] for i in range(k)]
+
+
+def fit_ratio(peak, fmt, scale=1.0):
+    """:func:`ada_loss.loss_scale.fit.fit_ratio` of ``peak · scale`` on the
+    device, as a 0-d float64 device array, in one single-thread launch and
+    no synchronization: the largest power of two 2^-k (k ≥ 0) such that
+    ``2^-k · peak · scale`` does not overflow ``fmt`` when rounded; 1 where
+    it does not overflow or is not finite (nothing a power of two could
+    fit). ``peak`` (e.g. :func:`max_abs`) and ``scale`` are 0-d device
+    arrays or numbers; ``fmt`` a format name or FloatFormat."""
+    f = get_format(fmt)
+    out = cupy.empty((), dtype=cupy.float64)
+    shift, emin_bits, qe, max_bits, over_bits = f._rounder.cuda_constants()
+    _kernel('fit_ratio')((1,), (1,), (
+        scalar(peak), scalar(scale), float(f.u_max), cupy.int32(shift),
+        cupy.uint32(emin_bits), cupy.int32(qe), cupy.uint32(max_bits),
+        cupy.uint32(over_bits), cupy.int32(bool(f.saturates)), out))
+    return out
+
+
+def backed_off(beta, k, alpha, min_scale):
+    """β·2^-k as :func:`ada_loss.adaptive.ada_loss_scaled._backed_off`
+    lowers it (with its floor ``min_scale`` on α·β), on the device: a 0-d
+    float64 device array; ``beta`` and ``alpha`` 0-d device arrays or
+    numbers."""
+    out = cupy.empty((), dtype=cupy.float64)
+    _kernel('backed_off')((1,), (1,), (scalar(beta), scalar(alpha),
+                                       cupy.int32(k), float(min_scale), out))
+    return out
 
 
 _rescale_f = cupy.ElementwiseKernel(
