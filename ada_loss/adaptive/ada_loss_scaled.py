@@ -287,12 +287,9 @@ class AdaLossScaled(object):
         # measured on the pass before a β update (every pass when the
         # interval is 1): cached β's were computed for the α they met
         if self.auto_init and self.iteration % self.update_interval == 0:
-            if not isinstance(loss.array, numpy.ndarray):
-                raise NotImplementedError(
-                    "init_scale='auto'/'amax' runs on the CPU only: its "
-                    "device path "
-                    'has not been written and run on a GPU yet')
-            entry = _LossGradientMoments()
+            entry = _LossGradientMoments() \
+                if isinstance(loss.array, numpy.ndarray) \
+                else _DeviceLossGradient()
         guard = self.guard
         init_scale = self.init_scale
         k = self._backoff.get(LOSS, 0)
@@ -309,7 +306,13 @@ class AdaLossScaled(object):
         self._device_w_stats = {}
         self._last_pass = bp
         self._records = bp.gemm_records
-        if entry is not None and entry.count and bp.loss_finite:
+        if isinstance(entry, _DeviceLossGradient):
+            # decided on the device (no read): the old α_{N+1} stays where
+            # the loss is not finite or no GEMM received its gradient
+            self.init_scale = device_kernels().loss_gradient_alpha(
+                entry.parts, loss.array, self.init_scale, self.init_rule,
+                self.fmt, self.t_uf, MAX_LOSS_SCALE, self.max_accum_scale)
+        elif entry is not None and entry.count and bp.loss_finite:
             if self.init_rule == 'amax':
                 alpha = top_binade_scale(entry.peak, self.fmt)
             else:
@@ -433,7 +436,10 @@ class AdaLossScaled(object):
         and, with ``init_scale='auto'``, α_{N+1} (for resume)."""
         self.iteration = int(serializer('iteration', self.iteration))
         if self.auto_init:
-            self.init_scale = float(serializer('init_scale', self.init_scale))
+            value = self.init_scale
+            if is_device_scalar(value):
+                value, = device_kernels().to_floats([value])
+            self.init_scale = float(serializer('init_scale', value))
         if self.guard:
             self._serialize_backoff(serializer)
         keys = sorted(self._betas, key=str)
@@ -521,4 +527,17 @@ class _LossGradientMoments(object):
 
     def second(self):
         return self.total / self.count
+
+
+class _DeviceLossGradient(object):
+    """The loss gradient's arrays as the GEMMs receive them on a device,
+    with their scales: :func:`ada_loss.loss_scale.device
+    .loss_gradient_alpha` combines them as :class:`_LossGradientMoments`
+    does, without reading them."""
+
+    def __init__(self):
+        self.parts = []
+
+    def __call__(self, func, g, alpha):
+        self.parts.append((g, alpha))
 

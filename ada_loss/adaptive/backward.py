@@ -193,7 +193,8 @@ class DeviceScales(object):
 
     @staticmethod
     def initial(value):
-        return device_kernels().scalar(float(value))
+        # a number, or α_{N+1} already on the device (init_scale='auto')
+        return device_kernels().scalar(value)
 
     @staticmethod
     def product(a, b):

@@ -447,6 +447,62 @@ extern "C" __global__ void fit_ratio(
     out[0] = ratio;
 }
 
+// alpha_{N+1} from the loss gradient (ada_loss.adaptive.ada_loss_scaled:
+// init_scale='auto', Eq. 1 by ada_loss.loss_scale.gemm.loss_gradient_scale;
+// 'amax', its peak in the top binade by ada_loss.loss_scale.fit
+// .top_binade_scale), from the k GEMMs that received it: m = k rows
+// (E[g^2], max|g|) of the gradient as carried at scales a, n their sizes.
+// The old value stays where the loss was not finite or nothing was seen.
+extern "C" __global__ void loss_gradient_alpha(
+        const double* m, const long long* n, const double* a, int k,
+        const bool* loss_finite, const double* old, int amax, double u_min,
+        double sqrt2, double erfinv_t, double u_max, int shift,
+        unsigned int emin_bits, int qe, unsigned int max_bits,
+        unsigned int over_bits, int saturates, double max_loss_scale,
+        double max_accum, double* out) {
+    long long count = 0;
+    double total = 0.0, peak = 0.0;
+    for (int j = 0; j < k; ++j) {
+        if (n[j] == 0) continue;
+        double inv = 1.0 / a[j];                     // a power of two
+        total += m[2 * j] * (double)n[j] * inv * inv;
+        double p = m[2 * j + 1] * inv;
+        if (p > peak) peak = p;                      // as Python's max
+        count += n[j];
+    }
+    if (!loss_finite[0] || count == 0) {
+        out[0] = old[0];
+        return;
+    }
+    double alpha;
+    if (amax) {
+        Rounder f = {shift, qe, saturates, emin_bits, max_bits, over_bits};
+        if (!(peak > 0.0 && isfinite(peak))) {
+            alpha = 1.0;
+        } else {
+            int e;
+            frexp(u_max / peak, &e);
+            alpha = ldexp(1.0, e - 1);
+            if (!overflows(peak * alpha * 2.0, f)) alpha *= 2.0;
+            while (alpha > 1.401298464324817e-45 && overflows(peak * alpha, f))
+                alpha /= 2.0;
+        }
+    } else {
+        double second = total / (double)count;
+        if (!(second > 0.0 && isfinite(second) && isfinite(peak))) {
+            alpha = 1.0;
+        } else {
+            double lower = u_min / (sqrt(second) * sqrt2 * erfinv_t);
+            double x = lower > 1.0 ? lower : 1.0;
+            double upper = u_max / peak;
+            alpha = round_down_pow2(upper < x ? upper : x);
+        }
+    }
+    if (max_loss_scale < alpha) alpha = max_loss_scale;
+    if (max_accum > 0.0 && alpha > max_accum) alpha = round_down_pow2(max_accum);
+    out[0] = alpha;
+}
+
 // the backoff of a skipped step (ada_loss.adaptive.ada_loss_scaled
 // ._backed_off): beta * 2^-k, but where alpha * that falls below min_scale
 // min(beta, 2^ceil(log2(min_scale / alpha)))
@@ -480,7 +536,7 @@ class _Workspace(object):
                      'weight_stats_f16', 'weight_stats_many_f32',
                      'weight_stats_many_f16', 'grad_beta_f32',
                      'grad_beta_f16', 'cap_accum', 'common_scale',
-                     'fit_ratio', 'backed_off'):
+                     'fit_ratio', 'backed_off', 'loss_gradient_alpha'):
             self.kernels[name] = module.get_function(name)
         self.counter = cupy.zeros(1, dtype=cupy.uint32)
         self._scratch = {}
@@ -768,6 +824,37 @@ def backed_off(beta, k, alpha, min_scale):
     out = cupy.empty((), dtype=cupy.float64)
     _kernel('backed_off')((1,), (1,), (scalar(beta), scalar(alpha),
                                        cupy.int32(k), float(min_scale), out))
+    return out
+
+
+def loss_gradient_alpha(parts, loss, old, rule, fmt, t_uf, max_loss_scale,
+                        max_accum_scale=None):
+    """α_{N+1} from the loss gradient on the device (``init_scale='auto'``
+    or ``'amax'`` of :class:`ada_loss.AdaLossScaled`), a 0-d float64 device
+    array: ``parts`` a list of (the gradient a GEMM received from the loss,
+    as carried; its scale α) — their unscaled E[g²] and max|g| combined as
+    the host combines them; ``old`` is kept where ``loss`` is not finite or
+    ``parts`` is empty. ``rule``: ``'auto'`` (Eq. 1) or ``'amax'`` (the top
+    binade); capped at ``max_loss_scale`` and ``max_accum_scale``."""
+    f = get_format(fmt)
+    out = cupy.empty((), dtype=cupy.float64)
+    k = len(parts)
+    if k:
+        m = cupy.stack([moments(g) for g, _ in parts])
+        a = cupy.stack([scalar(alpha) for _, alpha in parts])
+        n = _workspace().table(tuple(int(g.size) for g, _ in parts))
+    else:
+        m = a = cupy.zeros(2, dtype=cupy.float64)
+        n = _workspace().table((0,))
+    finite = cupy.isfinite(loss).all()
+    shift, emin_bits, qe, max_bits, over_bits = f._rounder.cuda_constants()
+    _kernel('loss_gradient_alpha')((1,), (1,), (
+        m, n, a, cupy.int32(k), finite, scalar(old),
+        cupy.int32(rule == 'amax'), float(f.u_min), math.sqrt(2.0),
+        float(erfinv(t_uf)), float(f.u_max), cupy.int32(shift),
+        cupy.uint32(emin_bits), cupy.int32(qe), cupy.uint32(max_bits),
+        cupy.uint32(over_bits), cupy.int32(bool(f.saturates)),
+        float(max_loss_scale), float(max_accum_scale or 0.0), out))
     return out
 
 

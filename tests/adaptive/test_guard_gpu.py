@@ -206,3 +206,43 @@ def test_bias_gradient_is_fitted_on_the_device(precision, fmt, gain):
         model.l.b._loss_scale)
     assert np.all(gb == 16 * gain) and np.all(gW == 16 * gain * 2.0 ** -6)
     assert float(model.l.W._loss_scale) == float(model.l.b._loss_scale) < 1
+
+
+@pytest.mark.parametrize('rule', ['auto', 'amax'])
+@pytest.mark.parametrize('interval', [1, 2])
+def test_loss_gradient_scale_on_device_equals_host(rule, interval):
+    """``init_scale='auto'`` (Eq. 1 on the loss gradient) and ``'amax'``
+    (its peak in the top binade) decided on the device, without a read:
+    α_{N+1} step after step equals the host's (the loss gradient here is
+    small integers: its moments are exact in any order), the old value kept
+    after the NaN batch; and the pass makes no synchronization."""
+    import cupy
+    cpu = ExactNet()
+    apply_precision(cpu, 'fp8_e4m3')
+    gpu = copy.deepcopy(cpu)
+    gpu.to_device(DEVICE)
+    adas = [ada_loss.AdaLossScaled(m, fmt='fp8_e4m3', init_scale=rule,
+                                   update_interval=interval, verbose=False)
+            for m in (cpu, gpu)]
+    rng = np.random.RandomState(5)
+    seen = set()
+    for i in range(7):
+        x, c = _batch(rng, bad=i == 2)
+        c = c * np.float32(2.0 ** (-3 * i))     # a new scale every step
+        host = _pass(cpu, adas[0], x, c, np)
+        dev = _pass(gpu, adas[1], x, c, cupy)
+        for n in host[0]:
+            np.testing.assert_array_equal(host[0][n][0], dev[0][n][0],
+                                          err_msg='step {} {}'.format(i, n))
+        assert host[1:] == dev[1:], i
+        assert float(adas[1].init_scale) == adas[0].init_scale, i
+        seen.add(adas[0].init_scale)
+        for a in adas:
+            a.step_done(i == 2)
+    assert len(seen) >= 3
+    model = gpu
+    x, c = _batch(rng)
+    model.cleargrads()
+    loss = F.sum(model(cupy.asarray(x)) * cupy.asarray(c))
+    cupy.cuda.Device().synchronize()
+    assert count_synchronizations(lambda: adas[1].backward(loss)) == 0
