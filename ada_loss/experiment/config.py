@@ -181,6 +181,23 @@ class FormatName(object):
             raise ConfigError(key, str(e))
 
 
+class Device(object):
+    """Where a run trains: Chainer's device specifier ``'@numpy'`` (the
+    CPU) or ``'@cupy:N'`` (GPU N). Parsed to ``None`` for the CPU, so that
+    a CPU run's ``config.yaml`` compares equal to one written before the
+    setting existed (``device: null``), else to the ``'@cupy:N'`` text."""
+    expected = "'@numpy' (the CPU, the default) or '@cupy:N' (GPU N)"
+    _CUPY = re.compile(r'^@cupy:(0|[1-9][0-9]*)$')
+
+    @staticmethod
+    def parse(value, key):
+        if value is None or value == '@numpy':
+            return None
+        if not isinstance(value, str) or not Device._CUPY.match(value):
+            fail(key, Device.expected, value)
+        return value
+
+
 #: the value types whose values are parsed objects (not text)
 PARSED_TYPES = (Mode, PrecisionName)
 
@@ -493,8 +510,13 @@ def parse_override(text):
     if not m:
         raise ConfigError('', 'bad override {!r}: expected '
                           'section.key=value, e.g. train.lr=0.05'.format(text))
+    text = m.group(2).strip()
+    if text.startswith('@'):
+        # YAML reserves '@' (no YAML value starts with it): a device
+        # specifier such as @cupy:0 is read as that string
+        return m.group(1).split('.'), text
     try:
-        value = yaml.safe_load(m.group(2)) if m.group(2).strip() else None
+        value = yaml.safe_load(m.group(2)) if text else None
     except (yaml.YAMLError, ValueError) as e:
         raise ConfigError(m.group(1), 'override value {} is not valid '
                           'YAML: {}'.format(_short(m.group(2)),

@@ -203,16 +203,18 @@ def make_scaling(mode, precision, log_cfg, comm=None):
 
 
 def make_updater(train_iter, optimizer, scaling, spec, comm=None,
-                 summary_path=None, aps=False):
+                 summary_path=None, aps=False, device=None):
     """The (distributed) mixed-precision updater of mode ``spec``. What the
     loss scaling prints while wrapping the model (AdaLossScaled's layer
     list) is captured and, on rank 0, written to ``summary_path`` if given
-    (``scaling.txt``)."""
+    (``scaling.txt``). ``device`` (a Chainer device, None: the CPU): where
+    the model trains and the converter sends each batch (one process only:
+    :func:`check_device_config` refuses a device with ChainerMN)."""
     summary = io.StringIO()
     with contextlib.redirect_stdout(summary):
         if comm is None:
             updater = MixedPrecisionUpdater(train_iter, optimizer, scaling,
-                                            mode=str(spec))
+                                            mode=str(spec), device=device)
         else:
             cls = APSDistributedUpdater if aps else \
                 DistributedMixedPrecisionUpdater
@@ -248,9 +250,10 @@ def build_optimizer(model, precision, lr, momentum, weight_decay,
     return opt
 
 
-def evaluator(test_iter, model, comm=None):
-    """Chainer's Evaluator (ChainerMN's multi-node one with ``comm``)."""
-    ev = E.Evaluator(test_iter, model)
+def evaluator(test_iter, model, comm=None, device=None):
+    """Chainer's Evaluator (ChainerMN's multi-node one with ``comm``); its
+    converter sends each batch to ``device`` (None: the CPU)."""
+    ev = E.Evaluator(test_iter, model, device=device)
     if comm is not None:
         import chainermn        # optional: needs mpi4py
         ev = chainermn.create_multi_node_evaluator(ev, comm)
@@ -319,6 +322,96 @@ def precision_setting():
     :func:`check_modes_build`."""
     return setting(None, 'which format stores what in training (null: '
                    'float32 for fp32, mixed16 for every other mode)')
+
+
+def device_setting():
+    """The top-level ``device`` setting of a training study's config (a
+    :class:`~ada_loss.experiment.config.Device`, null for the CPU), read by
+    :meth:`TrainingStudy.run` and checked by :func:`check_device_config`
+    (what a device run cannot do) and :func:`training_device` (CuPy and
+    the GPU are there)."""
+    return setting(None, "where every run trains: '@numpy' or null (the "
+                   "CPU) or '@cupy:N' (GPU N; --set device=@cupy:0; "
+                   'docs/gpu.md)')
+
+
+def check_device_config(device, modes, logs=(), distributed=False):
+    """Raises a ConfigError, before anything runs, for what a run on
+    ``device`` (the parsed ``device`` setting; None: the CPU, anything
+    goes) cannot do, instead of failing minutes into a grid: ``modes``
+    ``[(key, mode)]`` whose device path raises NotImplementedError
+    (``style=authors``, ``init_scale=auto/amax``: their backward runs on
+    CPU arrays only), observers of the backward (``logs``: ``[(key, log
+    section or dict)]``, ``probe_every``/``record_every``: NumPy-only
+    statistics, :mod:`ada_loss.analysis`), and ChainerMN (``distributed``:
+    one GPU per rank is not wired, and the APS reduction is NumPy-only)."""
+    if device is None:
+        return
+    cpu_only = 'runs on CPU arrays only; leave device at @numpy (the CPU)'
+    if distributed:
+        raise C.ConfigError('device', 'device {} with distributed '
+                            '(ChainerMN, --mpi) is not supported: the '
+                            'harness trains one process per GPU (use '
+                            '--jobs); {}'.format(device, cpu_only))
+    for key, mode in modes:
+        spec = mode if isinstance(mode, C.Mode.parsed) else parse_mode(mode)
+        options = spec.options or {}
+        if options.get('style') == 'authors':
+            raise C.ConfigError(key, 'mode {} on device {}: style=authors '
+                                '{}'.format(spec, device, cpu_only))
+        if isinstance(options.get('init_scale'), str):
+            raise C.ConfigError(key, 'mode {} on device {}: init_scale={} '
+                                '{}'.format(spec, device,
+                                            options['init_scale'], cpu_only))
+    for key, log in logs:
+        for name in ('probe_every', 'record_every'):
+            value = log.get(name) if isinstance(log, dict) else \
+                getattr(log, name, None)
+            if value is not None:
+                raise C.ConfigError('{}.{}'.format(key, name), 'the '
+                                    'observers of the backward (probe, '
+                                    'records) read gradients with NumPy: '
+                                    'set it to null with device {}, or '
+                                    'observe on the CPU'.format(device))
+
+
+def training_device(spec):
+    """The Chainer device of a ``device`` setting (None for the CPU).
+    Raises a ConfigError naming the setting where CuPy, CUDA or GPU N is
+    missing: checked before training (the studies' ``preload``) and again
+    in each run (a ``--jobs`` worker initializes CUDA itself: the runner's
+    workers are spawned, never forked from a parent holding CUDA)."""
+    if spec is None:
+        return None
+    from chainer.backends import cuda
+    if not cuda.available:
+        raise C.ConfigError('device', 'device {} needs CuPy and a CUDA GPU, '
+                            "but Chainer's CUDA backend is not available "
+                            'here ({}); leave device at @numpy (the '
+                            'CPU)'.format(spec, getattr(
+                                cuda, '_resolution_error', None) or
+                                'CuPy is not installed'))
+    index = int(spec.split(':')[1])
+    try:
+        count = cuda.cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:      # a driver or runtime error
+        raise C.ConfigError('device', 'device {}: no CUDA device usable '
+                            '({}: {})'.format(spec, type(e).__name__, e))
+    if index >= count:
+        raise C.ConfigError('device', 'device {}: this machine has {} CUDA '
+                            'device(s), @cupy:0 to @cupy:{}'.format(
+                                spec, count, count - 1))
+    return chainer.get_device(spec)
+
+
+def host_scalar(value):
+    """``value`` as the host reads it: a device array (a 0-d CuPy scalar)
+    becomes a Python float (one transfer); anything else is returned as
+    it is, so that a CPU run's ``run.json`` is unchanged."""
+    if isinstance(value, chainer.get_array_types()) and \
+            not isinstance(value, numpy.ndarray):
+        return float(chainer.backend.CpuDevice().send(value))
+    return value
 
 
 def check_modes_build(modes, precisions):
@@ -482,7 +575,8 @@ def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
                 iterations=updater.iteration)
     if epoch:
         info['epoch'] = updater.epoch_detail
-    info.update(wall_time_s=trainer.elapsed_time, loss_scale=scaling.scale,
+    info.update(wall_time_s=trainer.elapsed_time,
+                loss_scale=host_scalar(scaling.scale),
                 error=error, updated=now())
     return info
 
@@ -552,8 +646,9 @@ class Run(object):
     :class:`~ada_loss.scaling.LossScalingSpec`, ``precision``: the
     :class:`~ada_loss.precision.Precision` (:func:`run_precision`),
     ``seed``, ``log``: the log
-    section, and whatever else the study's hooks need), plus ``folder`` and
-    ``comm``, set by the recipe. Hooks may add attributes."""
+    section, and whatever else the study's hooks need), plus ``folder``,
+    ``comm`` and ``device`` (the Chainer device of the config's ``device``
+    setting, None: the CPU), set by the recipe. Hooks may add attributes."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
@@ -603,9 +698,12 @@ class TrainingStudy(Study):
         dict."""
         run = self.setup(cfg, cell, comm)
         run.comm = comm
+        spec = getattr(cfg, 'device', None)
+        run.device = training_device(spec)
         run.folder = folder = self.folder(out, cfg, cell)
         info, resuming = open_run(
-            folder, self.run_fields(run), getattr(cfg, 'description', ''),
+            folder, self.run_fields(run) + [('device', spec or '@numpy')],
+            getattr(cfg, 'description', ''),
             C.dump(self.run_config(cfg, cell)), resume, comm)
         if comm is not None:
             comm.mpi_comm.Barrier()
@@ -613,6 +711,11 @@ class TrainingStudy(Study):
         self.seed(run)
         data = self.load_data(run, cache)
         model = self.model(run, data)
+        if run.device is not None:
+            # before the optimizer: its update rules (FP32 master weights,
+            # momentum) are then made on the device from the start
+            run.device.use()
+            model.to_device(run.device)
         train, test = self.datasets(run, data, model)
         optimizer = self.optimizer(run, model)
         train, scattered, batchsize = scatter(
@@ -723,7 +826,7 @@ class TrainingStudy(Study):
         summary = self.scaling_summary and os.path.join(
             run.folder, self.scaling_summary)
         return make_updater(train_iter, optimizer, scaling, run.mode,
-                            run.comm, summary)
+                            run.comm, summary, device=run.device)
 
     def stop(self, run):
         """The stop trigger: ``train.epochs`` or ``train.max_iterations``."""
@@ -732,7 +835,7 @@ class TrainingStudy(Study):
 
     def evaluator(self, run, model, test, test_iter):
         """The ``validation`` extension (Chainer's Evaluator), or None."""
-        return evaluator(test_iter, model, run.comm)
+        return evaluator(test_iter, model, run.comm, run.device)
 
     def lr_schedule(self, run, optimizer):
         """The learning-rate extension, or None."""

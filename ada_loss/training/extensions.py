@@ -318,7 +318,10 @@ class FP32MasterWeights(extension.Extension):
                 continue
             if value is None:
                 continue
-            value = numpy.asarray(value, dtype=numpy.float32)
+            # on the parameter's device (a CuPy array on a GPU): the update
+            # rule adds the parameter's gradient to it there
+            value = param.device.send(numpy.asarray(value,
+                                                    dtype=numpy.float32))
             if rule._fp32_param is None:
                 rule._fp32_param = chainer.Parameter(value, name=param.name)
             else:

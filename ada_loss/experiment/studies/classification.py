@@ -206,6 +206,7 @@ class Config:
                                    '(results depend on it; fixed so that '
                                    'they do not depend on --jobs; recorded '
                                    'in run.json)', minimum=1)
+    device: Optional[C.Device] = RC.device_setting()
     grid: Grid = section(Grid)
     model: Model = section(Model)
     data: Data = section(Data)
@@ -247,10 +248,15 @@ class Config:
         for partial in self.per_model.values():
             if 'precision' in partial.get('train', {}):
                 precisions.add(partial['train']['precision'])
-        RC.check_modes_build(
-            [('grid.modes' if i < len(self.grid.modes)
-              else 'grid.fixed_scales', mode)
-             for i, mode in enumerate(self.modes())], precisions)
+        modes = [('grid.modes' if i < len(self.grid.modes)
+                  else 'grid.fixed_scales', mode)
+                 for i, mode in enumerate(self.modes())]
+        RC.check_modes_build(modes, precisions)
+        RC.check_device_config(
+            self.device, modes, [('log', self.log)] + [
+                ('per_model.{}.log'.format(m), p['log'])
+                for m, p in self.per_model.items() if 'log' in p],
+            self.distributed)
 
 
 HELP_NOTES = ['', 'dynamic loss scaling styles (grid.modes '
@@ -330,6 +336,7 @@ class ClassificationStudy(RC.TrainingStudy):
                 'data-parallel ranks: run under mpiexec with --mpi (or '
                 'distributed: true); to study it in one process, see '
                 'experiments/aps_table4.py')
+        RC.training_device(cfg.device)     # CuPy and the GPU are there
         cache = {}
         for cell in cells:
             data = cfg.for_model(cell.model).data
@@ -385,7 +392,8 @@ class ClassificationStudy(RC.TrainingStudy):
         return RC.make_updater(train_iter, optimizer, scaling, run.mode,
                                run.comm, os.path.join(run.folder,
                                                       'scaling.txt'),
-                               aps=run.policy is not None)
+                               aps=run.policy is not None,
+                               device=run.device)
 
     def lr_schedule(self, run, optimizer):
         t = run.config.train

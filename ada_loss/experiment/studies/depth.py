@@ -97,6 +97,19 @@ class Config(classification.Config):
     precisions, mixed16 the control) plus ``study``."""
     study: StudySettings = section(StudySettings)
 
+    def check(self):
+        """As a classification config's; Fig. 4's probed runs observe the
+        backward with NumPy, so they are refused on a device (before the
+        grid, not after it)."""
+        super(Config, self).check()
+        if self.device is not None and self.study.fig4.run:
+            raise C.ConfigError('study.fig4.run', "Fig. 4's probed runs "
+                                '(log.probe_every) read gradients with '
+                                'NumPy: set it to false with device {} '
+                                '(the grid trains on the device; the '
+                                'probed runs can follow on the '
+                                'CPU)'.format(self.device))
+
 
 class Downsample(object):
     """Average pooling of an example's image by ``factor`` (picklable)."""

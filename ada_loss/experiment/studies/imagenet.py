@@ -85,15 +85,18 @@ class Config:
     distributed: bool = setting(False, 'ChainerMN data parallelism (--mpi)')
     blas_threads: int = setting(1, 'BLAS/OpenMP threads of each run '
                                 '(recorded in run.json)', minimum=1)
+    device: Optional[C.Device] = RC.device_setting()
     grid: Grid = section(Grid)
     data: Data = section(Data)
     train: Train = section(Train)
     log: RC.Log = section(RC.Log)
 
     def check(self):
-        """Every mode builds in the precision."""
-        RC.check_modes_build([('grid.modes', m) for m in self.grid.modes],
-                             [self.train.precision])
+        """Every mode builds in the precision (and runs on the device)."""
+        modes = [('grid.modes', m) for m in self.grid.modes]
+        RC.check_modes_build(modes, [self.train.precision])
+        RC.check_device_config(self.device, modes, [('log', self.log)],
+                               self.distributed)
 
 
 PRINT_KEYS = ['epoch', 'iteration', 'main/loss', 'validation/main/loss',
@@ -145,6 +148,7 @@ class ImageNetStudy(RC.TrainingStudy):
     def preload(self, cfg, cells):
         """The datasets (missing files fail here, before any training)."""
         d = cfg.data
+        RC.training_device(cfg.device)     # CuPy and the GPU are there
         return get_imagenet_datasets(d.imagenet_root, d.image_size,
                                      d.eval_resize) if cells else None
 
