@@ -340,8 +340,7 @@ def check_device_config(device, modes, logs=(), distributed=False):
     ``device`` (the parsed ``device`` setting; None: the CPU, anything
     goes) cannot do, instead of failing minutes into a grid: ``modes``
     ``[(key, mode)]`` whose device path raises NotImplementedError
-    (``style=authors``, ``init_scale=auto/amax``: their backward runs on
-    CPU arrays only), observers of the backward (``logs``: ``[(key, log
+    (``style=authors``: its backward runs on CPU arrays only), observers of the backward (``logs``: ``[(key, log
     section or dict)]``, ``probe_every``/``record_every``: NumPy-only
     statistics, :mod:`ada_loss.analysis`), and ChainerMN (``distributed``:
     one GPU per rank is not wired, and the APS reduction is NumPy-only)."""
@@ -359,10 +358,6 @@ def check_device_config(device, modes, logs=(), distributed=False):
         if options.get('style') == 'authors':
             raise C.ConfigError(key, 'mode {} on device {}: style=authors '
                                 '{}'.format(spec, device, cpu_only))
-        if isinstance(options.get('init_scale'), str):
-            raise C.ConfigError(key, 'mode {} on device {}: init_scale={} '
-                                '{}'.format(spec, device,
-                                            options['init_scale'], cpu_only))
     for key, log in logs:
         for name in ('probe_every', 'record_every'):
             value = log.get(name) if isinstance(log, dict) else \

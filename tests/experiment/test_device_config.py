@@ -56,8 +56,6 @@ def test_the_setting_is_in_the_schema_and_the_config_yaml():
 
 @pytest.mark.parametrize('override,key', [
     ('grid.modes=[adaptive:style=authors]', 'grid.modes'),
-    ('grid.modes=[adaptive:init_scale=auto]', 'grid.modes'),
-    ('grid.modes=[adaptive:init_scale=amax]', 'grid.modes'),
     ('log.probe_every=5', 'log.probe_every'),
     ('log.record_every=5', 'log.record_every'),
     ('distributed=true', 'device'),
@@ -72,9 +70,10 @@ def test_what_a_device_cannot_run_is_refused_at_config_time(override, key):
     assert '@cupy:0' in str(e.value)
 
 
-def test_the_guard_is_not_refused():
-    # its device path is being written: only warned about at run time
-    assert load('grid.modes=[adaptive, amax, dynamic, fixed:8, fp32]',
+def test_the_guard_and_the_loss_gradient_rules_are_not_refused():
+    # decided on the device (tests/adaptive/test_guard_gpu.py)
+    assert load('grid.modes=[adaptive, amax, dynamic, fixed:8, fp32, '
+                '"adaptive:init_scale=auto", "adaptive:init_scale=amax"]',
                 'device=@cupy:0').device == '@cupy:0'
 
 

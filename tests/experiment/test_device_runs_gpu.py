@@ -161,3 +161,22 @@ def test_two_jobs_share_the_gpu(tmp_path):
     assert len(runs) == 2, sorted(runs)
     for info in runs.values():
         assert_finished_on_device(info)
+
+
+def test_fp8_cells_train_on_the_gpu(tmp_path):
+    """The third edition's FP8 cells on the device: E4M3 unscaled and with
+    the recipe's forward (grad=loss), the default adaptive mode (its guard
+    decided on the device) and init_scale=auto."""
+    out = str(tmp_path / 'out')
+    cfg = tiny_depth()
+    cfg['study']['fp32'] = False
+    cfg['grid'].update(
+        precisions=['fp8_e4m3', 'fp8_e4m3:recipe=current,grad=loss'],
+        modes=['adaptive', 'adaptive:init_scale=auto'], fixed_scales=[])
+    config = write(tmp_path, cfg)
+    assert runner.main(depth.STUDY, ['--config', config, '--out', out,
+                                     '--no-table', '--jobs', '2']) == 0
+    runs = runs_of(out)
+    assert len(runs) == 4, sorted(runs)
+    for info in runs.values():
+        assert_finished_on_device(info)
