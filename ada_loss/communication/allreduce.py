@@ -263,9 +263,10 @@ class StepReduction(object):
             else:
                 total = exact.multiply(total, inv_p)
             if nonfinite is not None:
-                nonfinite = xp.asarray(nonfinite)
-                if bool(nonfinite.any()):
-                    total = xp.where(nonfinite, _F32(numpy.nan), total)
+                # a select, not ``if nonfinite.any()``: no wait for the
+                # device
+                total = xp.where(xp.asarray(nonfinite), _F32(numpy.nan),
+                                 total)
             return total
         if self.uses_exponents:
             factor = numpy.float64(inv_p) * numpy.ldexp(
