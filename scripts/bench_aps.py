@@ -44,6 +44,16 @@ and the ring-algorithm figure ``2(P−1)/P·b`` for MPI's own
 and the break-even link bandwidth of the 8-bit wire mode for P = 8 and 64
 (:func:`codec_seconds`, ``cost.break_even_bandwidth``).
 
+``--device gpu``: APS on CuPy arrays (one GPU, one process;
+:mod:`~ada_loss.communication.allreduce`'s device route, NumPy's bits): the
+wire codec's steps on ``2^a`` values (``--sweep``, step ``--sweep-step``)
+and ``StepReduction.mean_of_stacked`` of ``--workers`` stacked gradients
+(the ``POLICIES`` below) on the ResNet-20/50 parameter sizes and the sweep
+(up to ``--gpu-max-log2``), GB/s of float32 gradient (CUDA events around
+each call, ``cupyx.profiler.benchmark``, median of ``--repeats``), with
+ratios to a device copy (codec) and to FP32 averaging on the same route
+and CuPy's plain ``mean`` (reduction), all from one run.
+
 Prints a table from one run; not a test. Without ``--mpi``: the
 single-process simulator timing below.
 """
@@ -526,6 +536,81 @@ def codec(args):
                               x, numpy.arange(0, n, n // 161)))))
 
 
+def gpu(args):
+    """``--device gpu`` (module docstring)."""
+    import cupy
+    from cupyx.profiler import benchmark
+    from ada_loss.communication import CommPolicy, StepReduction
+    from ada_loss.communication.codes import WireCodec
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    print('device: {}'.format(props['name'].decode()
+                              if isinstance(props['name'], bytes)
+                              else props['name']))
+
+    def seconds(fn):
+        r = benchmark(fn, n_repeat=args.repeats, n_warmup=1)
+        return float(numpy.median(r.gpu_times[0]))
+
+    def gradient(shape):
+        g = cupy.random.RandomState(0).standard_normal(shape, numpy.float32)
+        return g * numpy.float32(1e-3)
+
+    t0 = time.perf_counter()
+    WireCodec('fp8_e5m2').round_encode(gradient(16), shift=3)
+    print('first call (CuPy kernels compiled or loaded from their cache): '
+          '{:.2f} s'.format(time.perf_counter() - t0))
+    print('\ncodec on the GPU: GB/s of float32 values (ratio: time / a '
+          'device copy of the float32 values), median of {}'.format(
+              args.repeats))
+    print('  {:10s} {:9s} {:26s} {:>9s} {:>8s}'.format(
+        'values', 'format', 'step', 'GB/s', 'x copy'))
+    for a in range(args.sweep[0], args.sweep[1] + 1, args.sweep_step):
+        n = 1 << a
+        x = gradient(n)
+        copy = seconds(lambda: x.copy())
+        print('  {:10s} {:9s} {:26s} {:9.1f} {:8.2f}'.format(
+            '2^{}'.format(a), '-', 'float32 copy', 4 * n / copy / 1e9, 1.0))
+        for name in ('fp8_e5m2', 'e3m0'):
+            c = WireCodec(name)
+            q = c.format.quantize(x)
+            wire = c.encode(q)
+            codes = c.round_encode(x)
+            rows = [('encode (table)', lambda: c.encode(q)),
+                    ('round_encode x*2^20', lambda: c.round_encode(
+                        x, shift=20)),
+                    ('decode', lambda: c.decode(wire, n)),
+                    ('one ⊕ by table', lambda: c.add_codes(codes, codes))]
+            for label, fn in rows:
+                s = seconds(fn)
+                print('  {:10s} {:9s} {:26s} {:9.1f} {:8.2f}'.format(
+                    '2^{}'.format(a), name, label, 4 * n / s / 1e9,
+                    s / copy))
+    p = args.workers
+    sets = [(label, sizes) for label, sizes in buffer_sets(args)
+            if label in args.models
+            or sum(sizes) <= 1 << args.gpu_max_log2]
+    print('\nreduction on the GPU (StepReduction.mean_of_stacked, {} '
+          'workers): GB/s of the workers\' float32 gradients; ratios: time '
+          '/ FP32 averaging on the same route, time / CuPy mean(axis=0)'
+          .format(p))
+    print('  {:10s} {:24s} {:>10s} {:>8s} {:>8s} {:>8s}'.format(
+        'buffer', 'policy', 'ms', 'GB/s', 'x fp32', 'x mean'))
+    for label, sizes in sets:
+        n = sum(sizes)
+        g = gradient((p, n))
+        names = ['p{:04d}'.format(i) for i in range(len(sizes))]
+        plain = seconds(lambda: g.mean(axis=0))
+        base = None
+        for pname, kw in POLICIES:
+            plan = StepReduction(CommPolicy(**kw), names, sizes, p)
+            s = seconds(lambda: plan.mean_of_stacked(g))
+            base = base or s
+            print('  {:10s} {:24s} {:10.3f} {:8.1f} {:8.2f} {:8.2f}'.format(
+                label, pname, s * 1e3, 4 * p * n / s / 1e9, s / base,
+                s / plain))
+        del g
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--workers', type=int, default=8)
@@ -553,6 +638,12 @@ def main():
     p.add_argument('--codec', action='store_true',
                    help='time the codec steps in one process (2^a values, '
                    'a from --sweep)')
+    p.add_argument('--device', choices=('cpu', 'gpu'), default='cpu',
+                   help='gpu: APS on CuPy arrays, codec and reduction '
+                   'throughput (one GPU)')
+    p.add_argument('--gpu-max-log2', type=int, default=24,
+                   help='--device gpu: largest sweep buffer of the '
+                   'reduction (2^b elements per worker)')
     p.add_argument('--summarize', nargs='+', metavar='JSON',
                    help='print a Markdown table of --json files and exit')
     args = p.parse_args()
@@ -567,6 +658,11 @@ def main():
     args.sweep = [int(v) for v in args.sweep.split(',')]
     args.max_log2 = dict(tuple(int(v) for v in item.split(':'))
                          for item in args.max_log2.split(',') if item)
+    if args.device == 'gpu':
+        print('bench_aps --device gpu: APS on CuPy arrays')
+        B.print_machine_info()
+        gpu(args)
+        return
     if args.codec:
         B.print_machine_info()
         codec(args)

@@ -23,6 +23,8 @@ simulator.
   :mod:`~ada_loss.communication.cost` (bytes and steps per all-reduce).
 
 Everything here except the communicator and the simulator needs NumPy only.
+The simulator's reduction and the codec also take CuPy arrays (a model on a
+GPU) and give NumPy's bits (:mod:`~ada_loss.communication.allreduce`).
 """
 from ada_loss.communication.allreduce import (  # NOQA
     StepReduction, allreduce_low_precision, plain_mean)

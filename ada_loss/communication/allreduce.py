@@ -24,6 +24,17 @@ gathered payloads only. The ChainerMN communicator
 (:mod:`~ada_loss.communication.communicator`) and the N-worker simulator
 (:mod:`~ada_loss.communication.simulator`) both call these same functions,
 which is why they agree bit for bit.
+
+**On CuPy arrays** (the simulator on a GPU) the same steps run on the
+device, dispatched on the array module, and give NumPy's bits: the route
+is the NumPy emulation (``reference=True``; the compiled code route of
+:mod:`~ada_loss.communication.stacked` is CPU-only), with every float32
+operation whose operands or result can be subnormal — the shift, the
+sums, × 1/p and the unshift — done by :mod:`ada_loss.formats.exact`
+(the GPU's float32 arithmetic flushes subnormals to zero), the rounding
+to the format by ``quantize``'s integer kernel, and FINDMAXEXP from the
+bits (:mod:`~ada_loss.communication.exponents`). The per-layer exponent
+codes are computed on the host (one small copy per step).
 """
 import numpy
 
@@ -31,7 +42,8 @@ from ada_loss.communication import exponents as X
 from ada_loss.communication import stacked
 from ada_loss.communication.policy import CommPolicy
 from ada_loss.communication.summation import check_order, low_precision_sum
-from ada_loss.formats import get_format
+from ada_loss.formats import exact, get_format
+from ada_loss.formats.quantize import array_module
 
 _F32 = numpy.float32
 
@@ -40,7 +52,10 @@ def scale_pow2(x, exps):
     """``x · 2^exps`` in float32, correctly rounded (= ``ldexp``): one
     multiplication by the float32 power of two where every exponent is
     one (−126..127; exact, or rounded once on under/overflow, as ``ldexp``
-    rounds; ~10x faster), else ``ldexp``."""
+    rounds; ~10x faster), else ``ldexp``. On CuPy: ``exact.ldexp`` (the
+    same correctly rounded product; subnormals kept)."""
+    if array_module(x) is not numpy:
+        return exact.ldexp(x, exps)
     if exps.size and -126 <= int(exps.min()) and int(exps.max()) <= 127:
         factors = ((exps + 127).astype(numpy.uint32) << numpy.uint32(23)) \
             .view(_F32)
@@ -84,7 +99,20 @@ class StepReduction(object):
             policy.low_precision_mask(self.names, epoch), bool)
         self.lp_elements = numpy.repeat(self.lp_layers, self.sizes)
         self.any_lp = bool(self.lp_layers.any())
+        self._device_index = {}
         self.uses_exponents = policy.aps and self.any_lp
+
+    def _index(self, xp, mask):
+        """``mask`` (a NumPy bool vector over the elements) as an index for
+        arrays of module ``xp``: itself for NumPy, the positions on the
+        device for CuPy (cached per plan; masks are the plan's own)."""
+        if xp is numpy:
+            return mask
+        key = id(mask)
+        if key not in self._device_index:
+            self._device_index[key] = (mask, xp.asarray(
+                numpy.flatnonzero(mask)))
+        return self._device_index[key][1]
 
     @property
     def segments(self):
@@ -135,14 +163,22 @@ class StepReduction(object):
         """The payload of one worker (or of stacked workers, ``(..., n)``):
         low-precision layers shifted and cast to the format (their values
         stored in FP32), FP32 layers as they are."""
-        buffer = numpy.asarray(buffer, _F32)
+        xp = array_module(buffer)
+        buffer = xp.asarray(buffer, _F32)
         if not self.any_lp:
             return buffer.copy()
-        shifted = scale_pow2(buffer, shift) if self.uses_exponents \
-            else buffer.copy()
+        shifted = scale_pow2(buffer, xp.asarray(shift)) \
+            if self.uses_exponents else buffer.copy()
         lp = self.lp_elements
         if lp.all():
             return self.policy.format.quantize(shifted)
+        if xp is not numpy:
+            # integer positions (CuPy: no boolean mask beside a slice)
+            rows = shifted.reshape(-1, self.size)
+            idx = self._index(xp, lp)
+            rows[:, idx] = self.policy.format.quantize(
+                xp.ascontiguousarray(rows[:, idx]))
+            return shifted
         shifted[..., lp] = self.policy.format.quantize(
             numpy.ascontiguousarray(shifted[..., lp]))
         return shifted
@@ -153,8 +189,12 @@ class StepReduction(object):
         (``(p, n)``): the same on every worker that calls it. On format
         codes with the compiled kernels where they apply
         (:mod:`~ada_loss.communication.stacked`); ``reference=True``: the
-        NumPy emulation, the definition (the tests' oracle)."""
-        payloads = numpy.asarray(payloads, _F32)
+        NumPy emulation, the definition (the tests' oracle; also the
+        route of CuPy payloads, module docstring)."""
+        xp = array_module(payloads)
+        payloads = xp.asarray(payloads, _F32)
+        if xp is not numpy:
+            reference = True
         p = payloads.shape[0]
         if p != self.n_workers:
             raise ValueError('expected {} payloads, got {}'.format(
@@ -174,16 +214,29 @@ class StepReduction(object):
             return stacked.mean(self, payloads, layer_shift, layer_bad,
                                 encoded_shift=False)
         pol = self.policy
-        total = numpy.empty(self.size, _F32)
+        total = xp.empty(self.size, _F32)
         lp = self.lp_elements
         for mask, fmt, kahan in ((lp, pol.format, pol.kahan),
-                                 (~lp, get_format('float32'), False)):
+                                 (self._fp32_mask(), get_format('float32'),
+                                  False)):
             if not mask.any():
                 continue
-            cols = payloads if mask.all() else payloads[:, mask]
-            total[mask] = low_precision_sum(cols, fmt, pol.order,
-                                            pol.group_size, kahan)
+            if mask.all():
+                total[...] = low_precision_sum(payloads, fmt, pol.order,
+                                               pol.group_size, kahan)
+                continue
+            idx = self._index(xp, mask)
+            total[idx] = low_precision_sum(
+                xp.ascontiguousarray(payloads[:, idx]), fmt, pol.order,
+                pol.group_size, kahan)
         return self.finish(total, shift, nonfinite)
+
+    def _fp32_mask(self):
+        """``~lp_elements``, one array per plan (its device index is
+        cached by identity)."""
+        if getattr(self, '_fp32_elements', None) is None:
+            self._fp32_elements = ~self.lp_elements
+        return self._fp32_elements
 
     def finish(self, total, shift, nonfinite=None):
         """The mean from the sum ``total`` (float32, modified in place):
@@ -198,6 +251,23 @@ class StepReduction(object):
         of two). Nothing can overflow on the way, even where the FP32
         *sum* of gradients near FP32's maximum would."""
         inv_p = _F32(1.0 / self.n_workers)
+        xp = array_module(total)
+        if xp is not numpy:
+            # float64 factors (no flush on the GPU), the product rounded
+            # once by hand where it is a float32 subnormal (exact)
+            if self.uses_exponents:
+                shift = xp.asarray(shift, numpy.int32)
+                factor = xp.ldexp(xp.full(shift.shape, float(inv_p),
+                                          numpy.float64), -shift)
+                total = exact.multiply_f64(total, factor)
+            else:
+                total = exact.multiply(total, inv_p)
+            if nonfinite is not None:
+                # a select, not ``if nonfinite.any()``: no wait for the
+                # device
+                total = xp.where(xp.asarray(nonfinite), _F32(numpy.nan),
+                                 total)
+            return total
         if self.uses_exponents:
             factor = numpy.float64(inv_p) * numpy.ldexp(
                 1.0, -numpy.asarray(shift, numpy.int32))
@@ -243,7 +313,19 @@ class StepReduction(object):
         ranks compute (the simulator and :func:`allreduce_low_precision`).
         Shift, rounding and sum on format codes by the compiled kernels
         where they apply (:mod:`~ada_loss.communication.stacked`);
-        ``reference=True``: the NumPy emulation (the tests' oracle)."""
+        ``reference=True``: the NumPy emulation (the tests' oracle).
+        CuPy buffers: the emulation on the device, NumPy's bits (module
+        docstring)."""
+        xp = array_module(buffers)
+        if xp is not numpy:
+            if buffers.dtype != _F32:
+                raise TypeError('APS on CuPy expects float32 buffers, got '
+                                '{}'.format(buffers.dtype))
+            buffers = xp.ascontiguousarray(buffers)
+            shift, bad = self.shifts(self.stacked_max_exps(buffers))
+            shift, bad = xp.asarray(shift), xp.asarray(bad)
+            return self.reduce(self.encode(buffers, shift), shift, bad,
+                               reference=True)
         buffers = numpy.asarray(buffers, _F32)
         agreed = self.stacked_max_exps(buffers)
         if not reference and stacked.applies(self):

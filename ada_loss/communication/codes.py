@@ -73,12 +73,22 @@ every pair against the Accumulator.
 *Decoding*: the 256-entry (16 for nibbles) table of float32 values, fused
 in the ring's last pass with the mean's ``× 1/p`` and the unshift
 (:func:`~ada_loss.communication.kernels.decode`).
+
+**On CuPy arrays** (:meth:`WireCodec.encode`, ``decode``,
+``round_encode``, ``pack``, ``add_codes``, ``sub_codes`` dispatch on the
+array module) the same tables, copied to the device once per codec, are
+read by CuPy's gathers: every step is integer work on bit patterns (table
+index from the float32 bits, nibble packing, a table of float32 *bits* for
+decoding), so no float32 arithmetic can flush a subnormal; the rounding of
+``round_encode`` is ``quantize``'s integer kernel after APS's shift by
+:func:`ada_loss.formats.exact.ldexp`. The same bytes and values as NumPy.
 """
 import numpy
 
 from ada_loss.communication import kernels
 from ada_loss.communication.cost import format_bits  # NOQA (re-exported)
-from ada_loss.formats import get_format
+from ada_loss.formats import exact, get_format
+from ada_loss.formats.quantize import array_module
 
 _F32 = numpy.float32
 _U32 = numpy.uint32
@@ -177,6 +187,7 @@ class WireCodec(object):
         self.format = get_format(fmt)
         self.bits = format_bits(self.format)
         self._fast = None
+        self._device = None
         if self.format.is_float32 or self.bits > 16:
             self.kind = 'float32'
             self.has_nan = True
@@ -206,6 +217,76 @@ class WireCodec(object):
         enc[idx[finite]] = codes[finite]
         self.encode_table = enc
 
+    # -- CuPy arrays (module docstring) -------------------------------------
+    def _dev(self):
+        """The tables on the device (built at first use): ``encode`` (the
+        encode table), ``bits`` (decode table as uint32 bits), and for
+        formats of at most 8 bits ``add`` / ``sub``."""
+        if self._device is None:
+            import cupy
+            dev = {}
+            if self.kind != 'float32':
+                dev['encode'] = cupy.asarray(self.encode_table)
+                dev['bits'] = cupy.asarray(self.decode_table.view(_U32))
+            if self.fast:
+                t = self.tables()
+                dev['bits'] = cupy.asarray(t.values.view(_U32))
+                dev['add'] = cupy.asarray(t.add)
+                dev['sub'] = cupy.asarray(t.sub)
+            self._device = dev
+        return self._device
+
+    def _codes_device(self, values):
+        """Unpacked codes of CuPy float32 values of the format (table
+        lookup on the bits, as :meth:`encode`)."""
+        bits = values.view(_U32) >> _U32(self.shift)
+        return self._dev()['encode'][bits.astype(numpy.int64)]
+
+    def _pack_device(self, codes):
+        xp = array_module(codes)
+        codes = codes.astype(numpy.uint8, copy=False)
+        if self.kind != 'nibble':
+            return codes
+        if codes.size % 2:
+            codes = xp.concatenate([codes, xp.zeros(1, numpy.uint8)])
+        hi = xp.left_shift(codes[1::2], numpy.uint8(4))
+        return xp.bitwise_or(hi, codes[0::2]).astype(numpy.uint8,
+                                                     copy=False)
+
+    def _encode_device(self, values):
+        import cupy
+        values = cupy.ascontiguousarray(values, _F32).ravel()
+        if self.kind == 'float32':
+            return values.view(numpy.uint8)
+        codes = self._codes_device(values)
+        if self.kind == 'half':
+            return cupy.ascontiguousarray(codes).view(numpy.uint8)
+        return self._pack_device(codes)
+
+    def _decode_device(self, data, n, out):
+        import cupy
+        data = cupy.ascontiguousarray(data, numpy.uint8)
+        if data.size != self.nbytes(n):
+            raise ValueError('{} values of {} take {} bytes, got {}'.format(
+                n, self.format.name, self.nbytes(n), data.size))
+        if out is None:
+            out = cupy.empty(n, _F32)
+        dest = out.view(_U32)
+        if self.kind == 'float32':
+            dest[...] = data.view(_U32)       # bits: no float copy
+            return out
+        if self.kind == 'half':
+            codes = data.view(numpy.uint16)
+        elif self.kind == 'nibble':
+            codes = cupy.empty(2 * data.size, numpy.uint8)
+            codes[0::2] = data & numpy.uint8(15)
+            codes[1::2] = data >> numpy.uint8(4)
+            codes = codes[:n]
+        else:
+            codes = data
+        dest[...] = self._dev()['bits'][codes.astype(numpy.int64)]
+        return out
+
     # -- the fast path of the ring: codes in, codes out -------------------
     @property
     def fast(self):
@@ -224,7 +305,18 @@ class WireCodec(object):
         ``quantize(y · 2^shift)`` (the product as ``scale_pow2`` rounds
         it), one per byte (``uint8``, unpacked: 0..15 for a nibble format),
         into ``out`` when given: bit for bit ``encode(quantize(·))``
-        (module docstring, *Rounding by arithmetic*), one compiled pass."""
+        (module docstring, *Rounding by arithmetic*), one compiled pass.
+        CuPy ``y``: ``exact.ldexp``, ``quantize``, the encode table."""
+        if array_module(y) is not numpy:
+            import cupy
+            y = cupy.ascontiguousarray(y, _F32).ravel()
+            if shift:
+                y = exact.ldexp(y, numpy.int32(shift))
+            codes = self._codes_device(self.format.quantize(y))
+            if out is None:
+                return codes.astype(numpy.uint8, copy=False)
+            out[...] = codes
+            return out
         y = numpy.ascontiguousarray(y, _F32)
         if out is None:
             out = numpy.empty(y.size, numpy.uint8)
@@ -241,6 +333,12 @@ class WireCodec(object):
         nibble; an odd count ends in a zero nibble)."""
         if self.kind != 'nibble':
             return codes
+        if array_module(codes) is not numpy:
+            packed = self._pack_device(codes)
+            if out is None:
+                return packed
+            out[...] = packed
+            return out
         n = codes.size
         m = n // 2
         if out is None:
@@ -263,6 +361,16 @@ class WireCodec(object):
         return self._pair_op(self.tables().sub, a, b, out)
 
     def _pair_op(self, table, a, b, out):
+        if array_module(a) is not numpy or array_module(b) is not numpy:
+            import cupy
+            table = self._dev()['add' if table is self.tables().add
+                                else 'sub']
+            idx = (cupy.asarray(a, numpy.uint8).astype(numpy.int32) << 8) \
+                | cupy.asarray(b, numpy.uint8).astype(numpy.int32)
+            if out is None:
+                return table[idx.ravel()]
+            out[...] = table[idx.ravel()]
+            return out
         a = numpy.ascontiguousarray(a, numpy.uint8)
         b = numpy.ascontiguousarray(b, numpy.uint8)
         if out is None:
@@ -278,6 +386,8 @@ class WireCodec(object):
 
     def encode(self, values):
         """float32 values of the format (1-D) → ``uint8`` wire bytes."""
+        if array_module(values) is not numpy:
+            return self._encode_device(values)
         values = numpy.ascontiguousarray(values, _F32)
         if self.kind == 'float32':
             return values.view(numpy.uint8)
@@ -295,6 +405,8 @@ class WireCodec(object):
     def decode(self, data, n, out=None):
         """Wire bytes of ``n`` values → float32 values (1-D; into ``out``
         when given, else a new array)."""
+        if array_module(data) is not numpy:
+            return self._decode_device(data, n, out)
         data = numpy.asarray(data, numpy.uint8)
         if data.size != self.nbytes(n):
             raise ValueError('{} values of {} take {} bytes, got {}'.format(

@@ -31,10 +31,16 @@ MAX all-reduce of the codes is the MAX of the exponents:
 ``max_exp`` is computed exactly in float64 from ``max |g|`` (⌈log2⌉ is
 monotone, so the maximum of ``⌈log2 |x|⌉`` is ``⌈log2 max |x|⌉``) with
 ``frexp``: one reduction over the gradient, no ``log2`` rounding.
+
+On CuPy arrays ``max |g|`` per layer is taken on the device from the
+float32 bits (an integer max: no flush of subnormals to zero, a NaN's bits
+above Inf's) and copied to the host, where the codes are computed as
+above: the same bytes as the NumPy path.
 """
 import numpy
 
 from ada_loss.communication import kernels
+from ada_loss.formats.quantize import array_module
 
 ZERO = 0
 NONFINITE = 255
@@ -107,6 +113,8 @@ def _segment_tops(buffers, segments):
     float64 (0 for an empty segment, NaN where it holds a NaN); one
     compiled pass over each row
     (:func:`~ada_loss.communication.kernels.segment_tops`)."""
+    if array_module(buffers) is not numpy:
+        return _segment_tops_device(buffers, segments)
     buffers = numpy.atleast_2d(numpy.asarray(buffers, numpy.float32))
     tops = numpy.zeros((buffers.shape[0], len(segments)), numpy.float64)
     starts = numpy.array([s for s, _ in segments], numpy.int64)
@@ -114,6 +122,23 @@ def _segment_tops(buffers, segments):
     for row, out in zip(buffers, tops):
         kernels.segment_tops(numpy.ascontiguousarray(row), starts, ends, out)
     return tops
+
+
+def _segment_tops_device(buffers, segments):
+    """:func:`_segment_tops` of CuPy float32 ``buffers``: max of the
+    magnitude bits per segment and row on the device (one reduction per
+    segment), returned to the host as float64 (exact)."""
+    import cupy
+    if buffers.dtype != numpy.float32:
+        raise TypeError('FINDMAXEXP on CuPy expects float32, got {}'.format(
+            buffers.dtype))
+    rows = cupy.ascontiguousarray(cupy.atleast_2d(buffers))
+    mags = rows.view(numpy.uint32) & numpy.uint32(0x7fffffff)
+    tops = cupy.zeros((rows.shape[0], len(segments)), numpy.uint32)
+    for i, (a, n) in enumerate(segments):
+        if n:
+            tops[:, i] = mags[:, a:a + n].max(axis=1)
+    return cupy.asnumpy(tops).view(numpy.float32).astype(numpy.float64)
 
 
 def layer_max_exps(buffer, segments, world_size):

@@ -20,7 +20,11 @@ whose step is what N ChainerMN ranks running
    the parameter dtype, ``_loss_scale = α*`` and one ``optimizer.update()``.
 
 For N = 2 the parameters are bit-identical to a 2-process ChainerMN run
-(tests/communication). What the simulator does not reproduce: per-rank state
+(tests/communication). With a model on a GPU (CuPy gradients) the buffers
+and the reduction stay on the device (:mod:`~ada_loss.communication.
+allreduce`: NumPy's bits for the same gradients; the α* rescaling of
+float32 buffers by :func:`ada_loss.formats.exact.multiply`, which keeps
+subnormals). What the simulator does not reproduce: per-rank state
 that does not reach the parameters (batch-norm running statistics are
 updated by every shard in turn, as one process sees them), and per-rank
 caches that persist across steps (adaptive scaling with ``update_interval``
@@ -30,6 +34,8 @@ import numpy
 
 from ada_loss.communication.allreduce import StepReduction
 from ada_loss.communication.policy import CommPolicy
+from ada_loss.formats import exact
+from ada_loss.formats.quantize import array_module
 from ada_loss.training.updater import MixedPrecisionUpdater, call_loss
 
 
@@ -80,7 +86,8 @@ def simulated_mean(named_params, worker_grads, policy, epoch=0.0):
                for grads in worker_grads for g, _ in grads)
     buf_dtype = numpy.float64 if wide else numpy.float32
     sizes = [p.array.size for p in params]
-    bufs = numpy.zeros((n_workers, sum(sizes)), buf_dtype)
+    xp = array_module(params[0].array) if params else numpy
+    bufs = xp.zeros((n_workers, sum(sizes)), buf_dtype)
     for w, grads in enumerate(worker_grads):
         offset = 0
         for (g, _), n, a_local, a_common in zip(grads, sizes, local[w],
@@ -89,7 +96,12 @@ def simulated_mean(named_params, worker_grads, policy, epoch=0.0):
                 seg = bufs[w, offset:offset + n]
                 seg[...] = g.ravel()
                 if a_common != a_local:
-                    seg *= buf_dtype(a_common / a_local)
+                    if xp is not numpy and buf_dtype is numpy.float32:
+                        # the GPU's float32 multiply flushes subnormals
+                        seg[...] = exact.multiply(
+                            seg, numpy.float32(a_common / a_local))
+                    else:
+                        seg *= buf_dtype(a_common / a_local)
             offset += n
     plan = StepReduction(policy, [n for n, _ in named_params], sizes,
                          n_workers, epoch)

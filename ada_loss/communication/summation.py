@@ -41,10 +41,17 @@ keeps its stage-(1) compensation: only the sums ``s`` enter stage (2).
 
 Every step is one whole-array NumPy operation (plus one ``quantize``) over
 all elements (and all groups): the loops run over workers, never elements.
+
+The same code runs on CuPy arrays (dispatched on the array module) and gives
+NumPy's bits: the FP32 additions there are :func:`ada_loss.formats.exact.add`
+and ``subtract`` (the GPU's float32 arithmetic flushes subnormal operands and
+sums to zero; FP32 layers and formats whose subnormals are float32
+subnormals have them), the rounding ``quantize``'s integer kernel.
 """
 import numpy
 
-from ada_loss.formats import get_format
+from ada_loss.formats import exact, get_format
+from ada_loss.formats.quantize import array_module
 
 ORDERS = ('ring', 'hierarchical')
 
@@ -94,10 +101,16 @@ class Accumulator(object):
         self.fmt = fmt
         self.exact = fmt.is_float32
         self.s = first.copy() if copy else first
+        xp = array_module(first)
+        # on the device: float32 sums with IEEE subnormals (module
+        # docstring); on the host NumPy's own operators, as always
+        self._add, self._sub = (
+            (numpy.add, numpy.subtract) if xp is numpy else
+            (exact.add, exact.subtract))
         if not kahan:
             self.c = None
         elif compensation is None:
-            self.c = numpy.zeros_like(first)
+            self.c = xp.zeros_like(first)
         else:
             self.c = compensation
 
@@ -107,12 +120,13 @@ class Accumulator(object):
     def add(self, x):
         # Inf − Inf = NaN is the emulated overflow (without APS), not a bug
         with numpy.errstate(invalid='ignore', over='ignore'):
+            add, sub = self._add, self._sub
             if self.c is None:
-                self.s = self.q(self.s + x)
+                self.s = self.q(add(self.s, x))
                 return
-            y = self.q(x - self.c)
-            t = self.q(self.s + y)
-            self.c = self.q(self.q(t - self.s) - y)
+            y = self.q(sub(x, self.c))
+            t = self.q(add(self.s, y))
+            self.c = self.q(sub(self.q(sub(t, self.s)), y))
             self.s = t
 
 
@@ -131,15 +145,25 @@ def ring_sum(values, fmt, kahan=False):
     p, n = values.shape
     if p == 1:
         return values[0].copy()
+    xp = array_module(values)
     starts = (numpy.arange(p + 1) * n) // p       # chunk j = [starts[j], starts[j+1])
     m = -(-n // p)
     valid = numpy.arange(m)[None, :] < numpy.diff(starts)[:, None]   # (p, m)
-    blocks = numpy.zeros((p, p, m), numpy.float32)
-    blocks[:, valid] = values
+    blocks = xp.zeros((p, p, m), numpy.float32)
     chunks = numpy.arange(p)
+    if xp is not numpy:
+        # the chunks' valid positions, row-major (= the order of the
+        # elements), as integers on the device
+        where = xp.asarray(numpy.flatnonzero(valid))
+        blocks.reshape(p, p * m)[:, where] = values
+        chunks = xp.asarray(chunks)
+    else:
+        blocks[:, valid] = values
     acc = Accumulator(blocks[(chunks + 1) % p, chunks], fmt, kahan)
     for step in range(2, p + 1):
         acc.add(blocks[(chunks + step) % p, chunks])
+    if xp is not numpy:
+        return acc.s.reshape(p * m)[where]
     return acc.s[valid]
 
 
@@ -165,7 +189,7 @@ def low_precision_sum(values, fmt, order='ring', group_size=None,
     """Sum over axis 0 of ``values`` (``(p, n)`` float32 holding values of
     ``fmt``) accumulated in ``fmt`` in the given order."""
     k = check_order(order, group_size, values.shape[0])
-    values = numpy.asarray(values, numpy.float32)
+    values = array_module(values).asarray(values, numpy.float32)
     if k is None:
         return ring_sum(values, fmt, kahan)
     return hierarchical_sum(values, fmt, k, kahan)

@@ -75,6 +75,7 @@ from ada_loss.communication import kernels
 from ada_loss.communication.codes import codec_for
 from ada_loss.communication.summation import Accumulator
 from ada_loss.formats import get_format
+from ada_loss.formats.quantize import array_module
 
 _F32 = numpy.float32
 _U8 = numpy.uint8
@@ -439,8 +440,18 @@ def wire_mean(comm, plan, buffer, groups=None):
 
     The work arrays and message buffers are the process's, kept between
     calls: one call at a time per process (as ChainerMN makes them).
+
+    A CuPy ``buffer`` is copied to the host, reduced there and the mean
+    copied back (a CuPy array; ``agreed`` stays a NumPy array): the
+    messages are host bytes (mpi4py without a CUDA-aware MPI), so the
+    codes are made where they are sent; the result is the host's, bit
+    for bit.
     """
     from mpi4py import MPI
+    xp = array_module(buffer)
+    if xp is not numpy:
+        mean, agreed = wire_mean(comm, plan, xp.asnumpy(buffer), groups)
+        return xp.asarray(mean), agreed
     p = comm.Get_size()
     if p != plan.n_workers:
         raise ValueError('the plan is for {} workers, the communicator has '

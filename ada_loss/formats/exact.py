@@ -54,6 +54,16 @@ _BODIES = {
     'div': ('uint32 a, uint32 b',
             'y = exact_f32(exact_f64(a) / exact_f64(b))'),
     'ldexp': ('uint32 a, int32 e', 'y = exact_f32(ldexp(exact_f64(a), e))'),
+    # a sum of two float32s rounded to double and then to float32 is the
+    # correctly rounded float32 sum (53 >= 2*24 + 2); a subnormal sum is
+    # exact (a multiple of 2^-149 below 2^-126)
+    'add': ('uint32 a, uint32 b',
+            'y = exact_f32(exact_f64(a) + exact_f64(b))'),
+    'sub': ('uint32 a, uint32 b',
+            'y = exact_f32(exact_f64(a) - exact_f64(b))'),
+    # a float32 times a float64 factor, rounded once to float32 (APS's
+    # x 1/p and unshift in one rounding)
+    'mul_f64': ('uint32 a, float64 f', 'y = exact_f32(exact_f64(a) * f)'),
 }
 
 
@@ -112,6 +122,34 @@ def ldexp(a, e):
             _F32, copy=False)
     return _kernel('ldexp')(_bits(a), e.astype(numpy.int32, copy=False)
                             if hasattr(e, 'astype') else numpy.int32(e))
+
+
+def add(a, b):
+    """``a + b`` of float32 arrays or scalars as IEEE 754 float32 addition
+    rounds it (subnormal operands and results included) on NumPy and CuPy
+    alike (the APS emulation's sums, :mod:`ada_loss.communication`)."""
+    if _on_host(a, b):
+        return numpy.add(a, b, dtype=_F32)
+    return _kernel('add')(_bits(a), _bits(b))
+
+
+def subtract(a, b):
+    """``a − b`` as :func:`add` rounds it."""
+    if _on_host(a, b):
+        return numpy.subtract(a, b, dtype=_F32)
+    return _kernel('sub')(_bits(a), _bits(b))
+
+
+def multiply_f64(a, f):
+    """``a · f`` of float32 values ``a`` and float64 factors ``f``
+    (broadcast), computed in float64 and rounded once to float32 on NumPy
+    and CuPy alike (exact before the rounding where ``f`` has at most 29
+    significant bits, e.g. a float32 times a power of two)."""
+    if _on_host(a, f):
+        return (numpy.asarray(a, _F32).astype(numpy.float64) *
+                numpy.asarray(f, numpy.float64)).astype(_F32)
+    import cupy
+    return _kernel('mul_f64')(_bits(a), cupy.asarray(f, numpy.float64))
 
 
 def abs_max_bits(a, axis, keepdims=True):
