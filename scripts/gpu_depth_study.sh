@@ -16,7 +16,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: scripts/gpu_depth_study.sh OUT [LIMIT_S] [--set K=V ...]" >&2; exit 2; }
 OUT=$1; shift
-LIMIT=${1:-0}; [ $# -ge 1 ] && shift
+# LIMIT_S is optional: only a number is taken as one (OUT --set K=V ... keeps
+# its overrides)
+LIMIT=0
+if [ $# -ge 1 ] && [[ $1 =~ ^[0-9]+$ ]]; then LIMIT=$1; shift; fi
 PY=${PYTHON:-python3}
 run() {  # $1 jobs, $2 log name, rest: --set overrides
   local jobs=$1 log=$2; shift 2
