@@ -9,7 +9,8 @@ import numpy
 from ada_loss.adaptive.backward import (
     NonFinite, ScaledBackprop, gemm_key, gemm_nodes)
 from ada_loss.formats import get_format
-from ada_loss.functions.scales import device_kernels, is_device_scalar
+from ada_loss.functions.scales import (
+    device_kernels, host_float, is_device_scalar)
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.fit import top_binade_scale
 from ada_loss.loss_scale.checks import (
@@ -436,10 +437,8 @@ class AdaLossScaled(object):
         and, with ``init_scale='auto'``, α_{N+1} (for resume)."""
         self.iteration = int(serializer('iteration', self.iteration))
         if self.auto_init:
-            value = self.init_scale
-            if is_device_scalar(value):
-                value, = device_kernels().to_floats([value])
-            self.init_scale = float(serializer('init_scale', value))
+            self.init_scale = float(serializer('init_scale',
+                                              host_float(self.init_scale)))
         if self.guard:
             self._serialize_backoff(serializer)
         keys = sorted(self._betas, key=str)

@@ -32,8 +32,9 @@ make a gradient Inf/NaN. On device arrays the same decisions are made on the
 device (:func:`ada_loss.loss_scale.device.fit_ratio`, the same rounding of
 the same candidate products), with no host read: what the pass notes (the
 first non-finite gradient, the guarded layers) is kept as device scalars and
-read with one transfer when asked (after a skipped step). Every pass also notes the first GEMM (in backward
-order) whose entering gradient is non-finite, and which GEMMs produced it
+read with one transfer when asked (after a skipped step). Every pass also
+notes the first GEMM (in backward order) whose entering gradient is
+non-finite, and which GEMMs produced it
 (:attr:`ScaledBackprop.nonfinite`): the skip report and the per-layer
 backoff after a skipped step (:class:`ada_loss.AdaLossScaled`) use it.
 
@@ -111,6 +112,12 @@ def _stored_format(func, g):
     if g.dtype == numpy.float16:
         return _FLOAT16
     return None
+
+
+def _stored(peak, fmt):
+    """``peak`` (a float) as ``fmt`` stores it: what the skip report names
+    for a gradient whose rounding overflowed (Inf, NaN or u_max)."""
+    return float(fmt.quantize(numpy.array([peak], numpy.float32))[0])
 
 
 def gemm_nodes(loss):
@@ -351,9 +358,8 @@ class ScaledBackprop(object):
                 if guard:
                     self._guarded[(layer, 'in')] = -int(math.log2(ratio))
                 elif self._nonfinite is None:
-                    stored = float(fmt.quantize(numpy.array(
-                        [peak], numpy.float32))[0])
-                    self._nonfinite = NonFinite(layer, a, stored, origins)
+                    self._nonfinite = NonFinite(layer, a,
+                                                _stored(peak, fmt), origins)
 
     # -- merging ----------------------------------------------------------
     def _merge(self, entries, where):
@@ -606,9 +612,8 @@ class ScaledBackprop(object):
             return out_grad, alpha
         if not self.guard:
             if self._nonfinite is None:
-                stored = float(fmt.quantize(numpy.array([peak],
-                                                        numpy.float32))[0])
-                self._nonfinite = NonFinite(key, alpha, stored, origins)
+                self._nonfinite = NonFinite(key, alpha, _stored(peak, fmt),
+                                            origins)
             return out_grad, alpha
         self._guarded[(key, 'in')] = -int(math.log2(ratio))
         return (HostScales.rescale(g, ratio),) + tuple(out_grad[1:]), \

@@ -266,9 +266,7 @@ class WireCodec(object):
     def _decode_device(self, data, n, out):
         import cupy
         data = cupy.ascontiguousarray(data, numpy.uint8)
-        if data.size != self.nbytes(n):
-            raise ValueError('{} values of {} take {} bytes, got {}'.format(
-                n, self.format.name, self.nbytes(n), data.size))
+        self._check_nbytes(data, n)
         if out is None:
             out = cupy.empty(n, _F32)
         dest = out.view(_U32)
@@ -384,6 +382,12 @@ class WireCodec(object):
             return (n + 1) // 2
         return n * {'byte': 1, 'half': 2, 'float32': 4}[self.kind]
 
+    def _check_nbytes(self, data, n):
+        """Wire bytes ``data`` must hold exactly ``n`` values."""
+        if data.size != self.nbytes(n):
+            raise ValueError('{} values of {} take {} bytes, got {}'.format(
+                n, self.format.name, self.nbytes(n), data.size))
+
     def encode(self, values):
         """float32 values of the format (1-D) → ``uint8`` wire bytes."""
         if array_module(values) is not numpy:
@@ -408,9 +412,7 @@ class WireCodec(object):
         if array_module(data) is not numpy:
             return self._decode_device(data, n, out)
         data = numpy.asarray(data, numpy.uint8)
-        if data.size != self.nbytes(n):
-            raise ValueError('{} values of {} take {} bytes, got {}'.format(
-                n, self.format.name, self.nbytes(n), data.size))
+        self._check_nbytes(data, n)
         if out is None:
             out = numpy.empty(n, _F32)
         if self.kind == 'float32':

@@ -71,6 +71,7 @@ from ada_loss.experiment.config import setting
 from ada_loss.experiment.plots import plot_loss_scales
 from ada_loss.experiment.runner import Study
 from ada_loss.errors import NonFiniteGradientError
+from ada_loss.functions.scales import host_float
 from ada_loss.precision import parse_precision
 from ada_loss.scaling import make_loss_scaling, parse_mode, resolve_precision
 from ada_loss.training import MixedPrecisionUpdater
@@ -399,16 +400,6 @@ def training_device(spec):
     return chainer.get_device(spec)
 
 
-def host_scalar(value):
-    """``value`` as the host reads it: a device array (a 0-d CuPy scalar)
-    becomes a Python float (one transfer); anything else is returned as
-    it is, so that a CPU run's ``run.json`` is unchanged."""
-    if isinstance(value, chainer.get_array_types()) and \
-            not isinstance(value, numpy.ndarray):
-        return float(chainer.backend.CpuDevice().send(value))
-    return value
-
-
 def check_modes_build(modes, precisions):
     """Every mode builds in every precision it runs in
     (:func:`ada_loss.scaling.make_loss_scaling`): ``modes`` is ``[(key,
@@ -571,7 +562,7 @@ def summarize(info, trainer, updater, scaling, error, metrics, epoch=True):
     if epoch:
         info['epoch'] = updater.epoch_detail
     info.update(wall_time_s=trainer.elapsed_time,
-                loss_scale=host_scalar(scaling.scale),
+                loss_scale=host_float(scaling.scale),
                 error=error, updated=now())
     return info
 

@@ -13,6 +13,15 @@ def is_device_scalar(scale):
     return isinstance(scale, cuda.ndarray)
 
 
+def host_float(scale):
+    """A loss scale as the host reads it: a 0-d device array becomes a
+    Python float (one transfer, so a synchronization); a number is returned
+    as it is."""
+    if is_device_scalar(scale):
+        return device_kernels().to_floats([scale])[0]
+    return scale
+
+
 def device_kernels():
     """:mod:`ada_loss.loss_scale.device`, the CuPy kernels. Imported on first
     use: it needs CuPy, an optional dependency."""

@@ -13,7 +13,7 @@ import numpy
 from ada_loss import adaptive
 from ada_loss.errors import NonFiniteGradientError  # NOQA (re-exported)
 from ada_loss.formats import get_format
-from ada_loss.functions.scales import device_kernels, is_device_scalar
+from ada_loss.functions.scales import host_float
 from ada_loss.loss_scale.dynamic import make_dynamic_loss_scale
 from ada_loss.loss_scale.gemm import check_scale
 
@@ -213,12 +213,9 @@ class AdaptiveScaling(LossScaling):
     def scale(self):
         """α_{N+1}, the scale the next backward starts from."""
         if self.ada is not None:
-            scale = self.ada.init_scale
-            if is_device_scalar(scale):
-                # α_{N+1} set on the device (init_scale='auto'/'amax'):
-                # read when asked (the updater reports it every step)
-                scale, = device_kernels().to_floats([scale])
-            return scale
+            # α_{N+1} set on the device (init_scale='auto'/'amax') is read
+            # when asked (the updater reports it every step)
+            return host_float(self.ada.init_scale)
         init = self.options['init_scale']
         return 1.0 if isinstance(init, str) else init
 
