@@ -63,6 +63,29 @@ def test_paired_table_and_columns():
     assert '(S=64/16/16)' in table
 
 
+def test_a_method_that_never_finished_keeps_its_row():
+    """A method that diverged on every seed (the GPU's fp8_e4m3 adaptive
+    at one epoch, docs/gpu.md) is in the paired table, saying there is no
+    pair, instead of leaving the table empty as if it had not run."""
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(models=['resnet20'],
+                                   precisions=['fp8_e4m3']),
+        study=types.SimpleNamespace(fp32=False))
+    diverged = {'status': R.DIVERGED, 'final_test_accuracy': None,
+                'skipped_steps': 300}
+    runs = {('fp8_e4m3', 'resnet20', 'fixed:256'): [
+        _run(s, 0.85) for s in range(3)],
+        ('fp8_e4m3', 'resnet20', 'adaptive'): [
+        dict(diverged, seed=s) for s in range(3)]}
+    rows = [r for r in depth.paired(cfg, runs).splitlines()
+            if r.startswith('| resnet20')]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip('|').split('|')]
+    assert cells[2] == 'adaptive' and cells[5] == '—'
+    assert cells[6] == 'no seed where both finished' and cells[7] == '0/0'
+    assert 'diverged (3)' in cells[3] and '85.00' in cells[4]
+
+
 def test_two_adaptive_modes_two_columns():
     """``grid.modes=[adaptive, "adaptive:init_scale=auto"]`` (issue 32 item
     4, issue 39 item 1): two columns, never one "Adaptive" averaging both

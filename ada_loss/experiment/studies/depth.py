@@ -343,8 +343,10 @@ def paired(cfg, runs):
 def _paired_table(theirs_label, pairs):
     """The paired table of ``pairs`` — (model, precision, mode, {seed: run}
     of the method, {seed: run} it is compared with) — with the mean paired
-    difference, its 95 % interval, the verdict and the seeds ahead (the
-    header alone when no pair has a seed both finished)."""
+    difference, its 95 % interval, the verdict and the seeds ahead. A
+    method with runs but no seed where both finished (it diverged on every
+    seed, say) keeps its row, saying so, rather than vanishing from the
+    table; the header alone when no method has runs."""
     header = ['Depth', 'Precision', 'Method', 'Method', theirs_label,
               'Method − {}, mean ± 95 %'.format(theirs_label), 'verdict',
               'ahead']
@@ -352,6 +354,13 @@ def _paired_table(theirs_label, pairs):
     for m, p, mode, mine, theirs in pairs:
         diffs = _differences(mine, theirs)
         if not diffs:
+            if mine:
+                lines.append('| {} | {} | {} | {} | {} | — | no seed where '
+                             'both finished | 0/0 |'.format(
+                                 m, p, mode,
+                                 cell_text(stats(list(mine.values()))),
+                                 cell_text(stats(list(theirs.values())))
+                                 if theirs else '—'))
             continue
         v = V.paired(diffs)
         lines.append('| {} | {} | {} | {} | {} | {} | {} | {}/{} |'.format(
