@@ -86,6 +86,31 @@ def test_a_method_that_never_finished_keeps_its_row():
     assert 'diverged (3)' in cells[3] and '85.00' in cells[4]
 
 
+def test_an_option_of_a_mode_against_the_mode_default():
+    """``adaptive:init_scale=amax`` against ``adaptive`` in the same
+    precision, paired by seed (issue 32 item 2); ``adaptive:guard=false``
+    too; a mode whose default has no runs gets no row."""
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(models=['resnet20'],
+                                   precisions=['fp8_e4m3', 'mixed16']),
+        study=types.SimpleNamespace(fp32=False))
+    runs = {('fp8_e4m3', 'resnet20', 'adaptive'): [
+        _run(0, 0.80), _run(1, 0.78), _run(2, 0.83)],
+        ('fp8_e4m3', 'resnet20', 'adaptive:init_scale=amax'): [
+        _run(0, 0.88), _run(1, 0.89), _run(2, 0.87)],
+        ('mixed16', 'resnet20', 'adaptive:init_scale=amax'): [
+        _run(0, 0.90)]}
+    text = depth.option_paired(cfg, runs)
+    rows = [r for r in text.splitlines() if r.startswith('| resnet20')]
+    assert len(rows) == 1
+    # +8, +11, +4: mean 7.67, std 3.51, half-width 4.303 · 3.51 / √3 = 8.72
+    assert ('| resnet20 | fp8_e4m3 | adaptive:init_scale=amax | '
+            '88.00 ± 1.00 (n=3) | 80.33 ± 2.52 (n=3) | +7.67 ± 8.72 (n=3) '
+            '| level | 3/3 |') in text
+    assert depth.option_paired(cfg, {
+        ('fp8_e4m3', 'resnet20', 'adaptive'): [_run(0, 0.5)]}) == ''
+
+
 def test_two_adaptive_modes_two_columns():
     """``grid.modes=[adaptive, "adaptive:init_scale=auto"]`` (issue 32 item
     4, issue 39 item 1): two columns, never one "Adaptive" averaging both

@@ -440,6 +440,27 @@ def variant_paired(cfg, runs, mode='none'):
     return table if table.count('\n') > 1 else ''
 
 
+def option_paired(cfg, runs):
+    """Per depth, precision and mode with options (``adaptive:init_scale=
+    amax``, ``adaptive:guard=false``): the mode against its name alone with
+    every option at its default (``adaptive``), in the same precision,
+    paired by seed, with the 95 % interval and the verdict: what an option
+    of a mode buys (issue 32 item 2: an option becomes the default only if
+    it wins on seeds it was not chosen on). Empty when the grid has no
+    such pair."""
+    def pairs():
+        for m in cfg.grid.models:
+            for p in (str(p) for p in cfg.grid.precisions):
+                for mode in _method_modes(runs, p, m):
+                    base = parse_mode(mode).name
+                    if base == mode or not runs.get((p, m, base)):
+                        continue
+                    yield (m, p, mode, _by_seed(runs[(p, m, mode)]),
+                           _by_seed(runs[(p, m, base)]))
+    table = _paired_table('Mode default', pairs())
+    return table if table.count('\n') > 1 else ''
+
+
 #: a run collapses when it ends more than this many points below FP32
 COLLAPSE_POINTS = 20.0
 
@@ -700,6 +721,11 @@ def write_outputs(cfg, out, runs, left=()):
         t1 += ('\n**Each part of a recipe: a precision with options (a part '
                'switched off or on) against its name alone, both with mode '
                'none, paired by seed**\n\n' + variants + '\n')
+    options = option_paired(cfg, runs)
+    if options:
+        t1 += ('\n**Each option of a mode against the mode with its '
+               'defaults, in the same precision, paired by seed**\n\n'
+               + options + '\n')
     robust = robustness(cfg, runs)
     if robust:
         t1 += ('\n**Robustness: spread over seeds and runs that collapsed '
