@@ -13,8 +13,7 @@ PY=${PYTHON:-python}
 T=$OUT/third
 rm -rf "$T"; mkdir -p "$T"
 for src in depth_study depth_fp8_20 depth_mixed16_110 depth_fp8_110 \
-           depth_mixed16_20_56 depth_modes_20_56 depth_recipes_20_56 depth_modes_110 \
-           depth_none_110 depth_mixed16_modes depth_recipes_110; do
+           depth_mixed16_20_56 depth_modes_20_56 depth_recipes_20_56 depth_modes_110; do
   [ -d "$OUT/$src" ] || continue
   for prec in "$OUT/$src"/*/; do
     p=$(basename "$prec"); mkdir -p "$T/$p"

@@ -99,9 +99,10 @@ def main(argv=None):
         grads = []
         for _ in range(a.steps):
             idx = rng.choice(len(train.images), b, replace=False)
-            x = ((train.images[idx].astype(numpy.float32) * train.scale
-                  - mean[:, None, None]) / std[:, None, None])
-            x = x.astype(numpy.float32)
+            # each image as training reads it: the dataset's scaling, then
+            # the per-channel normalization of the classification runs
+            x = numpy.stack([D.normalize(train[int(i)][0], mean, std)
+                             for i in idx])
             t = train.labels[idx].astype(numpy.int32)
             grads.append((loss_gradient(model, x, t), t))
         for name in a.formats.split(','):
