@@ -16,6 +16,9 @@ item 2; docs/depth_study.md).
     python scripts/loss_gradient_in_format.py --root .data/fashion-mnist \
         [--snapshot RUN/snapshot_latest] [--batches 64,128] \
         [--formats fp8_e4m3,fp8_e5m2,float16] [--steps 8]
+
+A depth-study model (14x14 images, width 4): ``--model resnet56 --width 4
+--downsample 2`` (the study's average pooling after the normalization).
 """
 import argparse
 import os
@@ -30,6 +33,7 @@ import chainer.functions as F  # NOQA: E402
 
 from ada_loss import datasets as D  # NOQA: E402
 from ada_loss.experiment import models  # NOQA: E402
+from ada_loss.experiment.studies.depth import Downsample  # NOQA: E402
 from ada_loss.formats import get_format  # NOQA: E402
 from ada_loss.loss_scale.fit import top_binade_scale  # NOQA: E402
 
@@ -74,6 +78,8 @@ def main(argv=None):
                          'model at initialization')
     ap.add_argument('--model', default='resnet20')
     ap.add_argument('--width', type=int, default=16)
+    ap.add_argument('--downsample', type=int, default=1,
+                    help="average pooling factor (the depth study's 2)")
     ap.add_argument('--batches', default='64,128')
     ap.add_argument('--formats', default='fp8_e4m3,fp8_e5m2,float16')
     ap.add_argument('--steps', type=int, default=8,
@@ -88,9 +94,10 @@ def main(argv=None):
         chainer.serializers.load_npz(a.snapshot, model,
                                      path='updater/model:main/predictor/')
     rng = numpy.random.RandomState(a.seed)
-    print('model {} width {}, {}; FP32 forward in training mode; '
-          'means over {} batches'.format(
-              a.model, a.width, a.snapshot or 'at initialization', a.steps))
+    print('model {} width {}, {}x{} images, {}; FP32 forward in training '
+          'mode; means over {} batches'.format(
+              a.model, a.width, 28 // a.downsample, 28 // a.downsample,
+              a.snapshot or 'at initialization', a.steps))
     print('| format | B | α | entries flushed % | true-class entries '
           'flushed % | subnormal % | wrong-class mass kept % | '
           'rel. error % |')
@@ -101,8 +108,9 @@ def main(argv=None):
             idx = rng.choice(len(train.images), b, replace=False)
             # each image as training reads it: the dataset's scaling, then
             # the per-channel normalization of the classification runs
-            x = numpy.stack([D.normalize(train[int(i)][0], mean, std)
-                             for i in idx])
+            pool = Downsample(a.downsample)
+            x = numpy.stack([pool((D.normalize(train[int(i)][0], mean, std),
+                                   0))[0] for i in idx])
             t = train.labels[idx].astype(numpy.int32)
             grads.append((loss_gradient(model, x, t), t))
         for name in a.formats.split(','):

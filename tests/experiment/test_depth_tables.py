@@ -238,3 +238,54 @@ def test_recipe_variants_against_the_full_recipe():
     assert '+3.00 ± 2.48 (n=3) | ahead | 3/3 |' in text
     assert text.count('\n') == 2           # header, rule, one row
     assert depth.variant_paired(cfg, {}) == ''
+
+
+def test_fixed_scale_chosen_on_other_seeds_results(tmp_path):
+    """study.choose_fixed_on: the scale is the best mean over another
+    grid's runs (a scale with an unfinished run is no candidate), and
+    every seed of this grid is scored against it."""
+    import json
+    design = {
+        'fp8_e4m3|resnet110|fixed:16': [
+            {'seed': 0, 'status': R.FINISHED, 'final_test_accuracy': 0.9},
+            {'seed': 1, 'status': R.DIVERGED, 'final_test_accuracy': None}],
+        'fp8_e4m3|resnet110|fixed:64': [
+            {'seed': 0, 'status': R.FINISHED, 'final_test_accuracy': 0.5},
+            {'seed': 1, 'status': R.FINISHED, 'final_test_accuracy': 0.6}],
+        'fp8_e4m3|resnet110|fixed:256': [
+            {'seed': 0, 'status': R.FINISHED, 'final_test_accuracy': 0.5},
+            {'seed': 1, 'status': R.FINISHED, 'final_test_accuracy': 0.5}],
+        'fp8_e4m3|resnet110|adaptive': [
+            {'seed': 0, 'status': R.FINISHED, 'final_test_accuracy': 0.99}],
+    }
+    path = tmp_path / 'results.json'
+    path.write_text(json.dumps(design))
+    depth.chosen_scales.cache_clear()
+    chosen = depth.chosen_scales(str(path))
+    assert chosen == {('fp8_e4m3', 'resnet110'): '64'}
+    runs, scales = depth.held_out_fixed(RUNS, 'fp8_e4m3', 'resnet110',
+                                        chosen)
+    assert scales == {0: '64', 1: '64', 2: '64'}
+    assert [runs[s]['final_test_accuracy'] for s in (0, 1, 2)] == \
+        [0.50, 0.52, 0.53]
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(models=['resnet110'],
+                                   precisions=['fp8_e4m3']),
+        study=types.SimpleNamespace(fp32=False, choose_fixed_on=str(path)))
+    # adaptive − fixed:64 per seed: +5, +4, −3 points
+    assert ('| resnet110 | fp8_e4m3 | adaptive | 53.67 ± 3.21 (n=3) | '
+            '51.67 ± 1.53 (n=3) | +2.00 ±') in depth.paired(cfg, RUNS)
+    # a precision the design grid has no scale for: no comparison
+    assert depth.held_out_fixed(RUNS, 'fp8_e4m3', 'resnet56', chosen) == \
+        ({}, {})
+
+
+def test_choose_fixed_on_a_missing_file_is_refused_at_config_time(
+        tmp_path):
+    import pytest
+    from ada_loss.experiment import config as C
+    with pytest.raises(C.ConfigError) as e:
+        depth.STUDY.load_config(None, ['study.choose_fixed_on={}'.format(
+            tmp_path / 'nowhere.json')])
+    assert 'study.choose_fixed_on' in str(e.value)
+    assert "results.json" in str(e.value)

@@ -64,7 +64,8 @@ REUSABLE = ('fp32', 'none', 'fixed', 'dynamic')
 #: runner's presentation keys (runner.PRESENTATION): not compared on a
 #: rerun (DepthStudy.not_compared), nor, with the folder's name, when an
 #: earlier edition's run is reused
-NOT_NUMBERS = ('study.reuse', 'study.fig4', 'study.fp32')
+NOT_NUMBERS = ('study.reuse', 'study.fig4', 'study.fp32',
+               'study.choose_fixed_on')
 
 
 @dataclasses.dataclass
@@ -89,6 +90,11 @@ class StudySettings:
                          'fixed and dynamic runs fill the cells that have '
                          'no run folder here (check one cell reproduces '
                          'first)')
+    choose_fixed_on: str = setting(
+        '', "other seeds' results.json (an earlier cell's): the fixed scale "
+        'each method is compared with is the best mean there, scored on '
+        "this grid's seeds (a confirmation on new seeds); default: chosen "
+        "on this grid's other seeds")
 
 
 @dataclasses.dataclass
@@ -102,6 +108,11 @@ class Config(classification.Config):
         backward with NumPy, so they are refused on a device (before the
         grid, not after it)."""
         super(Config, self).check()
+        path = self.study.choose_fixed_on
+        if path and not os.path.isfile(path):
+            raise C.ConfigError('study.choose_fixed_on', 'expected a depth '
+                                "study's results.json (of other seeds); no "
+                                'such file: {!r}'.format(path))
         if self.device is not None and self.study.fig4.run:
             raise C.ConfigError('study.fig4.run', "Fig. 4's probed runs "
                                 '(log.probe_every) read gradients with '
@@ -227,6 +238,33 @@ def _reused(path):
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def chosen_scales(path):
+    """{(precision, model): 'S'}: per depth and precision, the fixed scale
+    with the best mean final accuracy over the runs of a results.json (a
+    scale with a run that did not finish is not a candidate, as in
+    :func:`held_out_fixed`)."""
+    sweep = collections.defaultdict(dict)
+    for (precision, model, mode, seed), r in _reused(path).items():
+        if mode.startswith('fixed:'):
+            sweep[precision, model][mode] = sweep[precision, model].get(
+                mode, []) + [_accuracy(r)]
+    out = {}
+    for key, modes in sweep.items():
+        scored = [(float(numpy.mean(a)), mode) for mode, a in modes.items()
+                  if None not in a]
+        if scored:
+            out[key] = max(scored)[1].split(':')[1]
+    return out
+
+
+def _chosen(cfg):
+    """``study.choose_fixed_on``'s scales, or None (chosen on this grid's
+    other seeds)."""
+    path = getattr(cfg.study, 'choose_fixed_on', '')
+    return chosen_scales(path) if path else None
+
+
 def stats(runs):
     """(mean %, sample std %, n finished, n diverged, mean skipped)."""
     accs = [100.0 * r['final_test_accuracy'] for r in runs
@@ -274,14 +312,21 @@ def _accuracy(run):
     return 100.0 * run['final_test_accuracy']
 
 
-def held_out_fixed(runs, precision, model):
+def held_out_fixed(runs, precision, model, chosen=None):
     """The best fixed scale chosen without the seed it is scored on (the
     winner's curse: the best of five noisy means is biased upward): for
     each seed, the scale with the best mean accuracy over the *other*
-    seeds, scored on this seed. Returns ({seed: run dict}, {seed: S})."""
+    seeds, scored on this seed — or, with ``chosen`` ({(precision, model):
+    'S'}, :func:`chosen_scales` of other seeds' runs), that scale on every
+    seed (a confirmation on seeds the scale was not chosen on). Returns
+    ({seed: run dict}, {seed: S})."""
     sweep = {mode: {r['seed']: r for r in rs}
              for (p, m, mode), rs in runs.items()
              if p == precision and m == model and mode.startswith('fixed:')}
+    if chosen is not None:
+        scale = chosen.get((precision, model))
+        by_seed = sweep.get('fixed:{}'.format(scale), {})
+        return dict(by_seed), {seed: scale for seed in by_seed}
     seeds = sorted({s for by_seed in sweep.values() for s in by_seed})
     chosen, scales = {}, {}
     for seed in seeds:
@@ -333,7 +378,7 @@ def paired(cfg, runs):
     def pairs():
         for m in cfg.grid.models:
             for p in (str(p) for p in cfg.grid.precisions):
-                fixed, _ = held_out_fixed(runs, p, m)
+                fixed, _ = held_out_fixed(runs, p, m, _chosen(cfg))
                 if fixed:
                     for mode in _method_modes(runs, p, m):
                         yield m, p, mode, _by_seed(runs[(p, m, mode)]), fixed
@@ -554,7 +599,7 @@ def table1(cfg, runs):
             row.append(cell_text(stats(runs.get(('float32', m, 'fp32'), []))))
         for p in precisions:
             mode, s = best_fixed(runs, p, m)
-            held, scales = held_out_fixed(runs, p, m)
+            held, scales = held_out_fixed(runs, p, m, _chosen(cfg))
             for c, col_mode in columns[p]:
                 if c == 'Fixed (best)':
                     row.append(cell_text(s, ' (S={})'.format(
