@@ -13,7 +13,9 @@ PY=${PYTHON:-python}
 T=$OUT/third
 rm -rf "$T"; mkdir -p "$T"
 for src in depth_study depth_fp8_20 depth_mixed16_110 depth_fp8_110 \
-           depth_mixed16_20_56 depth_modes_20_56 depth_recipes_20_56 depth_modes_110; do
+           depth_mixed16_20_56 depth_modes_20_56 depth_recipes_20_56 depth_modes_110 \
+           depth_mixed16_modes depth_amax_56 depth_none_110 depth_recipes_110 \
+           depth_recipe_modes; do
   [ -d "$OUT/$src" ] || continue
   for prec in "$OUT/$src"/*/; do
     p=$(basename "$prec"); mkdir -p "$T/$p"
@@ -27,7 +29,7 @@ done
 rm -rf "$T/fp8_e4m3:recipe=current/"*-fixed_*
 "$PY" experiments/depth_study.py --out "$OUT" --table-only --set table=third \
   --set 'grid.models=[resnet20,resnet56,resnet110]' \
-  --set 'grid.precisions=[fp8_e4m3,"fp8_e4m3:recipe=current,grad=loss","fp8_e4m3:recipe=current","fp8_e4m3:recipe=delayed",mxfp8,mixed16]' \
+  --set 'grid.precisions=[fp8_e4m3,"fp8_e4m3:recipe=current,grad=loss","fp8_e4m3:recipe=current","fp8_e4m3:recipe=delayed",mxfp8,fp8,mixed16]' \
   --set 'grid.modes=[none,dynamic,adaptive,"adaptive:init_scale=amax",amax]' \
   --set 'grid.fixed_scales=[4,16,64,256]' --set 'grid.seeds=[0,1,2,3,4,5,6,7]' \
   --set study.fig4.run=false

@@ -289,3 +289,21 @@ def test_choose_fixed_on_a_missing_file_is_refused_at_config_time(
             tmp_path / 'nowhere.json')])
     assert 'study.choose_fixed_on' in str(e.value)
     assert "results.json" in str(e.value)
+
+
+def test_the_tables_say_where_the_fixed_scales_were_chosen(tmp_path):
+    import json
+    design = {'fp8_e4m3|resnet110|fixed:16': [
+        {'seed': 0, 'status': R.FINISHED, 'final_test_accuracy': 0.9}]}
+    path = tmp_path / 'design.json'
+    path.write_text(json.dumps(design))
+    cfg = depth.STUDY.load_config(None, [
+        'study.choose_fixed_on={}'.format(path), 'grid.models=[resnet110]',
+        'grid.precisions=[fp8_e4m3]', 'grid.fixed_scales=[16,64]',
+        'grid.modes=[adaptive]', 'study.fp32=false', 'table=t'])
+    t1, _ = depth.write_outputs(cfg, str(tmp_path), RUNS)
+    assert ('The fixed scales were chosen on other seeds ({}: the best mean '
+            'there): resnet110 fp8_e4m3 S=16.'.format(path)) in t1
+    # adaptive − fixed:16 on every seed: −35, +16, +9
+    assert ('| resnet110 | fp8_e4m3 | adaptive | 53.67 ± 3.21 (n=3) | '
+            '57.00 ± 28.58 (n=3) | -3.33 ±') in t1

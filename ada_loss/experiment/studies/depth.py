@@ -756,6 +756,15 @@ def write_outputs(cfg, out, runs, left=()):
            'width of its 95 % t interval; verdict: ahead / level / behind = '
            'the interval above / containing / below 0)\n\n'
            + paired(cfg, runs) + '\n')
+    chosen = _chosen(cfg)
+    if chosen is not None:
+        t1 += ('\nThe fixed scales were chosen on other seeds ({}: the best '
+               'mean there): {}.\n'.format(
+                   cfg.study.choose_fixed_on, '; '.join(
+                       '{} {} S={}'.format(m, p, chosen[p, m])
+                       for m in cfg.grid.models
+                       for p in (str(p) for p in cfg.grid.precisions)
+                       if (p, m) in chosen) or 'none of this grid\'s'))
     recipes = recipe_paired(cfg, runs)
     if recipes:
         t1 += ('\n**Loss scaling inside the recipe (grad=loss) against the '
