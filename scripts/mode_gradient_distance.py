@@ -15,7 +15,11 @@ run's snapshot: per mode, the unscaled gradient of every parameter (one
 backward in training mode, batch normalization included), and the relative
 distance ‖g_a − g_b‖ / ‖g_b‖ over all parameters as one vector between
 every pair of modes, FP32's backward (precision float32, mode none) among
-them; means over ``--steps`` batches.
+them; means over ``--steps`` batches. Beside it, per mode, the share of the
+nonzero FP16 gradient entries every node of the backward receives (as
+carried, at the mode's scale) that lie in FP16's subnormal range (below
+2^-14, fewer significant bits: where two modes' gradients can differ at
+all), over all nodes and at the node with the most.
 
     python scripts/mode_gradient_distance.py --root .data/fashion-mnist \\
         --model resnet56 --precision mixed16 \\
@@ -69,13 +73,41 @@ def initial_state(a):
     return s.target
 
 
-def unscaled_gradients(model, scaling, x, t):
+class SubnormalCounter(chainer.FunctionHook):
+    """Counts the nonzero entries of the FP16 gradients each backward node
+    receives, and those below FP16's smallest normal (2^-14)."""
+
+    name = 'SubnormalCounter'
+
+    def __init__(self):
+        self.nonzero = 0
+        self.subnormal = 0
+        self.worst = 0.0
+
+    def backward_preprocess(self, function, in_data, out_grad):
+        for g in out_grad:
+            if g is None or g.dtype != numpy.float16:
+                continue
+            a = numpy.abs(g[g != 0])
+            sub = int((a < numpy.finfo(numpy.float16).tiny).sum())
+            self.nonzero += a.size
+            self.subnormal += sub
+            if a.size:
+                self.worst = max(self.worst, sub / a.size)
+
+
+def unscaled_gradients(model, scaling, x, t, counter=None):
     """{parameter: gradient / the scale it was carried at} (float64) of
-    one backward of ``model`` on (x, t) under ``scaling``."""
+    one backward of ``model`` on (x, t) under ``scaling`` (observed by the
+    FunctionHook ``counter`` if given)."""
     model.cleargrads()
     with chainer.using_config('train', True):
         loss = model(x, t)
-    scaling.backward(loss)
+    if counter is None:
+        scaling.backward(loss)
+    else:
+        with counter:
+            scaling.backward(loss)
     out = {}
     for name, p in model.namedparams():
         s = p._loss_scale
@@ -128,11 +160,13 @@ def main(argv=None):
         scaling.bind(model)
         runs[mode] = (model, scaling)
     sums = numpy.zeros((len(columns), len(columns)))
+    counters = {c: SubnormalCounter() for c in modes}
     for _ in range(a.steps):
         idx = rng.choice(len(train), a.batch, replace=False)
         x = numpy.stack([train[int(i)][0] for i in idx])
         t = numpy.asarray([train[int(i)][1] for i in idx], numpy.int32)
-        grads = {c: unscaled_gradients(runs[c][0], runs[c][1], x, t)
+        grads = {c: unscaled_gradients(runs[c][0], runs[c][1], x, t,
+                                       counters.get(c))
                  for c in columns}
         for i, ci in enumerate(columns):
             for j, cj in enumerate(columns):
@@ -151,6 +185,17 @@ def main(argv=None):
         cells = ['—' if i == j else '{:.2e}'.format(sums[i, j] / a.steps)
                  for j in range(len(columns))]
         print('| {} | {} |'.format(ci, ' | '.join(cells)))
+    print()
+    print('| mode | FP16 gradient entries subnormal, all nodes | at the '
+          'node with the most |')
+    print('|---|---|---|')
+    for c in modes:
+        k = counters[c]
+        if k.nonzero:
+            print('| {} | {:.2f} % | {:.1f} % |'.format(
+                c, 100.0 * k.subnormal / k.nonzero, 100.0 * k.worst))
+        else:
+            print('| {} | no FP16 gradients | — |'.format(c))
 
 
 if __name__ == '__main__':

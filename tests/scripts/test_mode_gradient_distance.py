@@ -80,3 +80,30 @@ def test_distance_is_infinite_with_a_nonfinite_entry():
         == float('inf')
     assert mg.distance({'w': numpy.array([1.0, 1.0, 2.0])}, b) \
         == numpy.sqrt(1 / 3)
+
+
+def test_subnormal_counter_counts_fp16_entries_below_2_to_minus_14():
+    k = mg.SubnormalCounter()
+    g = numpy.array([0, 2.0 ** -15, 2.0 ** -14, 1.0, -2.0 ** -20],
+                    numpy.float16)
+    # float32 arrays are not FP16 storage: not counted
+    k.backward_preprocess(None, None, (g, None,
+                                       numpy.array([1e-9], numpy.float32)))
+    assert (k.nonzero, k.subnormal) == (4, 2)
+    k.backward_preprocess(None, None, (numpy.ones(4, numpy.float16),))
+    assert (k.nonzero, k.subnormal, k.worst) == (8, 2, 0.5)
+
+
+def test_mixed16_subnormal_share_falls_with_the_scale():
+    a = _args()
+    state = mg.initial_state(a)
+    shares = []
+    for mode in ('none', 'fixed:16', 'fixed:4096'):
+        model = mg.make_model(a, 'mixed16', state)
+        scaling = make_loss_scaling(mode, 'mixed16')
+        scaling.bind(model)
+        k = mg.SubnormalCounter()
+        mg.unscaled_gradients(model, scaling, *_batch(), counter=k)
+        assert k.nonzero > 0
+        shares.append(k.subnormal / k.nonzero)
+    assert shares[0] > shares[1] > shares[2]
