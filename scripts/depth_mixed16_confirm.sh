@@ -46,3 +46,7 @@ echo '## 2. All sixteen seeds (the scale chosen on the other fifteen)'
 echo '## 3. The fixed scales and adaptive against each other (sixteen seeds, depth 56)'
 "$PY" scripts/paired_cells.py "$P/results.json" 'mixed16|resnet56|fixed:4' \
   'mixed16|resnet56|fixed:16' 'mixed16|resnet56|adaptive'
+echo '## 4. Seeds 0-7 (the third edition): adaptive against every fixed scale, depth 56'
+"$PY" scripts/paired_cells.py benchmarks/fp8_diagnosis/depth_grid3/third/results.json \
+  'mixed16|resnet56|adaptive' 'mixed16|resnet56|fixed:4' 'mixed16|resnet56|fixed:16' \
+  'mixed16|resnet56|fixed:64' 'mixed16|resnet56|fixed:256' 'float32|resnet56|fp32'
