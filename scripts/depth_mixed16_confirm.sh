@@ -43,9 +43,11 @@ echo '## 2. All sixteen seeds (the scale chosen on the other fifteen)'
   --set table=mixed16_pooled --set 'grid.models=[resnet56,resnet110]' \
   --set 'grid.fixed_scales=[4,16]' \
   --set 'grid.seeds=[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]' "${COMMON[@]}"
-echo '## 3. The fixed scales and adaptive against each other (sixteen seeds, depth 56)'
-"$PY" scripts/paired_cells.py "$P/results.json" 'mixed16|resnet56|fixed:4' \
-  'mixed16|resnet56|fixed:16' 'mixed16|resnet56|adaptive'
+echo '## 3. The fixed scales and adaptive against each other at depth 56: seeds 8-15, then all sixteen'
+for r in "$OUT/depth_mixed16_replicate/results.json" "$P/results.json"; do
+  "$PY" scripts/paired_cells.py "$r" 'mixed16|resnet56|fixed:4' \
+    'mixed16|resnet56|fixed:16' 'mixed16|resnet56|adaptive'
+done
 echo '## 4. Seeds 0-7 (the third edition): adaptive against every fixed scale, depth 56'
 "$PY" scripts/paired_cells.py benchmarks/fp8_diagnosis/depth_grid3/third/results.json \
   'mixed16|resnet56|adaptive' 'mixed16|resnet56|fixed:4' 'mixed16|resnet56|fixed:16' \

@@ -15,7 +15,7 @@ rm -rf "$T"; mkdir -p "$T"
 for src in depth_study depth_fp8_20 depth_mixed16_110 depth_fp8_110 \
            depth_mixed16_20_56 depth_modes_20_56 depth_recipes_20_56 depth_modes_110 \
            depth_mixed16_modes depth_amax_56 depth_none_110 depth_recipes_110 \
-           depth_recipe_modes; do
+           depth_recipe_modes depth_none_20_56 depth_recipe_none_110 depth_recipe_fixed; do
   [ -d "$OUT/$src" ] || continue
   for prec in "$OUT/$src"/*/; do
     p=$(basename "$prec"); mkdir -p "$T/$p"

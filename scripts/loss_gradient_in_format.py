@@ -17,8 +17,9 @@ item 2; docs/depth_study.md).
         [--snapshot RUN/snapshot_latest] [--batches 64,128] \
         [--formats fp8_e4m3,fp8_e5m2,float16] [--steps 8]
 
-A depth-study model (14x14 images, width 4): ``--model resnet56 --width 4
---downsample 2`` (the study's average pooling after the normalization).
+A depth-study model (14x14 images, width 4, the 2000 training images it
+trains on): ``--model resnet56 --width 4 --downsample 2 --train-size 2000``
+(the study's average pooling after the normalization; its subset).
 """
 import argparse
 import os
@@ -33,6 +34,7 @@ import chainer.functions as F  # NOQA: E402
 
 from ada_loss import datasets as D  # NOQA: E402
 from ada_loss.experiment import models  # NOQA: E402
+from ada_loss.experiment.data import subset_indices  # NOQA: E402
 from ada_loss.experiment.studies.depth import Downsample  # NOQA: E402
 from ada_loss.formats import get_format  # NOQA: E402
 from ada_loss.loss_scale.fit import top_binade_scale  # NOQA: E402
@@ -80,6 +82,10 @@ def main(argv=None):
     ap.add_argument('--width', type=int, default=16)
     ap.add_argument('--downsample', type=int, default=1,
                     help="average pooling factor (the depth study's 2)")
+    ap.add_argument('--train-size', type=int, default=None,
+                    help='draw batches from the training subset of this '
+                         "size (data.train_size, split seed 0; the depth "
+                         "study's 2000); default: all images")
     ap.add_argument('--batches', default='64,128')
     ap.add_argument('--formats', default='fp8_e4m3,fp8_e5m2,float16')
     ap.add_argument('--steps', type=int, default=8,
@@ -94,10 +100,13 @@ def main(argv=None):
         chainer.serializers.load_npz(a.snapshot, model,
                                      path='updater/model:main/predictor/')
     rng = numpy.random.RandomState(a.seed)
+    pool = subset_indices(len(train.images), a.train_size, 0)
     print('model {} width {}, {}x{} images, {}; FP32 forward in training '
-          'mode; means over {} batches'.format(
+          'mode; means over {} batches{}'.format(
               a.model, a.width, 28 // a.downsample, 28 // a.downsample,
-              a.snapshot or 'at initialization', a.steps))
+              a.snapshot or 'at initialization', a.steps,
+              ' of {} training images'.format(len(pool))
+              if a.train_size else ''))
     print('| format | B | α | entries flushed % | true-class entries '
           'flushed % | subnormal % | wrong-class mass kept % | '
           'rel. error % |')
@@ -105,11 +114,11 @@ def main(argv=None):
     for b in [int(v) for v in a.batches.split(',')]:
         grads = []
         for _ in range(a.steps):
-            idx = rng.choice(len(train.images), b, replace=False)
+            idx = rng.choice(pool, b, replace=False)
             # each image as training reads it: the dataset's scaling, then
             # the per-channel normalization of the classification runs
-            pool = Downsample(a.downsample)
-            x = numpy.stack([pool((D.normalize(train[int(i)][0], mean, std),
+            down = Downsample(a.downsample)
+            x = numpy.stack([down((D.normalize(train[int(i)][0], mean, std),
                                    0))[0] for i in idx])
             t = train.labels[idx].astype(numpy.int32)
             grads.append((loss_gradient(model, x, t), t))

@@ -57,8 +57,11 @@ def make_model(a, precision, state):
     return model
 
 
-def initial_state(a):
-    """The weights compared: a snapshot's, or one initialization's."""
+def initial_state(a, precision='mixed16'):
+    """The weights compared: a snapshot's, or one initialization's as
+    ``precision`` stores them (its FP16 weights rounded once), so that the
+    FP32 model starts from exactly the values the low-precision ones hold
+    (a snapshot of a low-precision run holds them already)."""
     if a.snapshot:
         with numpy.load(a.snapshot) as z:
             prefix = 'updater/model:main/'
@@ -70,12 +73,16 @@ def initial_state(a):
                            a.seed)
     s = chainer.serializers.DictionarySerializer()
     s.save(model)
-    return s.target
+    s2 = chainer.serializers.DictionarySerializer()
+    s2.save(make_model(a, precision, s.target))
+    return s2.target
 
 
 class SubnormalCounter(chainer.FunctionHook):
     """Counts the nonzero entries of the FP16 gradients each backward node
-    receives, and those below FP16's smallest normal (2^-14)."""
+    receives, and those below FP16's smallest normal (2^-14) — the
+    activation gradients as carried; the weight gradients the nodes
+    produce are not among them."""
 
     name = 'SubnormalCounter'
 
@@ -138,6 +145,9 @@ def main(argv=None):
     ap.add_argument('--precision', default='mixed16')
     ap.add_argument('--modes', default='none,fixed:4,fixed:16,fixed:256,'
                     'adaptive')
+    ap.add_argument('--train-size', type=int, default=2000,
+                    help="the training subset batches are drawn from (the "
+                         "depth study's data.train_size, split seed 0)")
     ap.add_argument('--batch', type=int, default=64)
     ap.add_argument('--steps', type=int, default=4,
                     help='batches averaged')
@@ -145,13 +155,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     modes = a.modes.split(',')
     data_cfg = types.SimpleNamespace(
-        fashion_mnist_root=a.root, split_seed=0, train_size=None,
+        fashion_mnist_root=a.root, split_seed=0, train_size=a.train_size,
         test_size=None, augment=False)
     train, _ = load_datasets('fashion_mnist', data_cfg)
     train = chainer.datasets.TransformDataset(train, Downsample(a.downsample))
     rng = numpy.random.RandomState(a.seed)
     columns = [FP32] + modes
-    state = initial_state(a)
+    state = initial_state(a, a.precision)
     runs = {FP32: (make_model(a, 'float32', state),
                    make_loss_scaling('none', 'float32'))}
     for mode in modes:
@@ -172,11 +182,11 @@ def main(argv=None):
             for j, cj in enumerate(columns):
                 if i != j:
                     sums[i, j] += distance(grads[ci], grads[cj])
-    print('{} width {}, {}x{} images, {} ({}); batch {}, means over {} '
-          'batches'.format(a.model, a.width, 28 // a.downsample,
-                           28 // a.downsample,
-                           a.snapshot or 'at initialization', a.precision,
-                           a.batch, a.steps))
+    print('{} width {}, {}x{} images, {} ({}); batch {} of {} training '
+          'images, means over {} batches'.format(
+              a.model, a.width, 28 // a.downsample, 28 // a.downsample,
+              a.snapshot or 'at initialization', a.precision, a.batch,
+              len(train), a.steps))
     print('relative distance ‖g_row − g_col‖ / ‖g_col‖ of the unscaled '
           'gradient, all parameters as one vector')
     print('| | ' + ' | '.join(columns) + ' |')

@@ -31,6 +31,15 @@ def dataset_info(name):
     return DATASETS[name]
 
 
+def subset_indices(n, size, seed):
+    """The indices (into n examples) of the subset of ``size`` that
+    ``data.train_size`` / ``data.test_size`` select with ``seed`` (all n
+    when size is None or not smaller)."""
+    if size is None or size >= n:
+        return numpy.arange(n)
+    return numpy.random.RandomState(seed).permutation(n)[:size]
+
+
 def _subset(dataset, size, seed):
     if size is None or size >= len(dataset):
         return dataset

@@ -59,3 +59,15 @@ def test_missing_files_fail_before_training(dataset, key, tiny_config,
     assert main(['--config', path, '--out', out_dir]) == 2
     assert 'not found' in capsys.readouterr().err
     assert not os.path.exists(out_dir)
+
+
+def test_subset_indices_are_the_examples_the_subset_holds():
+    """data.subset_indices names the examples train_size selects (scripts
+    draw a run's own training images by it)."""
+    from ada_loss.experiment import data as Dt
+    ds = list(range(100, 200))
+    sub = Dt._subset(ds, 10, 3)
+    assert [sub[i] for i in range(10)] == \
+        [ds[i] for i in Dt.subset_indices(100, 10, 3)]
+    assert list(Dt.subset_indices(5, None, 0)) == [0, 1, 2, 3, 4]
+    assert list(Dt.subset_indices(5, 9, 0)) == [0, 1, 2, 3, 4]

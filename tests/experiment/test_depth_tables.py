@@ -307,3 +307,31 @@ def test_the_tables_say_where_the_fixed_scales_were_chosen(tmp_path):
     # adaptive − fixed:16 on every seed: −35, +16, +9
     assert ('| resnet110 | fp8_e4m3 | adaptive | 53.67 ± 3.21 (n=3) | '
             '57.00 ± 28.58 (n=3) | -3.33 ±') in t1
+
+
+def test_chosen_scales_ties_precision_text_and_a_scale_not_trained_here(
+        tmp_path):
+    import json
+    done = {'status': R.FINISHED}
+    design = {
+        # the precision's options in another order: the same precision
+        'fp8_e4m3:grad=loss,recipe=current|resnet20|fixed:16': [
+            dict(done, seed=0, final_test_accuracy=0.6)],
+        'fp8_e4m3:grad=loss,recipe=current|resnet20|fixed:64': [
+            dict(done, seed=0, final_test_accuracy=0.6)],
+    }
+    path = tmp_path / 'design.json'
+    path.write_text(json.dumps(design))
+    depth.chosen_scales.cache_clear()
+    # a tie keeps the scale met first, as held_out_fixed does
+    assert depth.chosen_scales(str(path)) == {
+        ('fp8_e4m3:recipe=current,grad=loss', 'resnet20'): '16'}
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(
+            models=['resnet20'],
+            precisions=['fp8_e4m3:recipe=current,grad=loss']),
+        study=types.SimpleNamespace(fp32=False, choose_fixed_on=str(path)))
+    runs = {('fp8_e4m3:recipe=current,grad=loss', 'resnet20', 'adaptive'): [
+        _run(0, 0.5), _run(1, 0.6)]}
+    # no fixed:16 run here: the method keeps its row, saying so
+    assert 'no seed where both finished' in depth.paired(cfg, runs)

@@ -241,20 +241,27 @@ def _reused(path):
 @functools.lru_cache(maxsize=4)
 def chosen_scales(path):
     """{(precision, model): 'S'}: per depth and precision, the fixed scale
-    with the best mean final accuracy over the runs of a results.json (a
-    scale with a run that did not finish is not a candidate, as in
-    :func:`held_out_fixed`)."""
-    sweep = collections.defaultdict(dict)
+    with the best mean final accuracy over the runs of a results.json (the
+    precision's and the mode's canonical text). As in
+    :func:`held_out_fixed`, a tie keeps the scale met first and a scale
+    with a run that did not finish is no candidate — here on any seed of
+    the file (there is no scored seed among them)."""
+    sweep = collections.defaultdict(collections.OrderedDict)
     for (precision, model, mode, seed), r in _reused(path).items():
         if mode.startswith('fixed:'):
-            sweep[precision, model][mode] = sweep[precision, model].get(
-                mode, []) + [_accuracy(r)]
+            key = (str(parse_precision(precision)), model)
+            sweep[key].setdefault(mode, []).append(_accuracy(r))
     out = {}
     for key, modes in sweep.items():
-        scored = [(float(numpy.mean(a)), mode) for mode, a in modes.items()
-                  if None not in a]
-        if scored:
-            out[key] = max(scored)[1].split(':')[1]
+        best = None
+        for mode, accs in modes.items():
+            if None in accs:
+                continue
+            mean = float(numpy.mean(accs))
+            if best is None or mean > best[0]:
+                best = (mean, mode)
+        if best is not None:
+            out[key] = best[1].split(':')[1]
     return out
 
 
@@ -378,8 +385,11 @@ def paired(cfg, runs):
     def pairs():
         for m in cfg.grid.models:
             for p in (str(p) for p in cfg.grid.precisions):
-                fixed, _ = held_out_fixed(runs, p, m, _chosen(cfg))
-                if fixed:
+                chosen = _chosen(cfg)
+                fixed, _ = held_out_fixed(runs, p, m, chosen)
+                # a scale chosen elsewhere but not trained here keeps the
+                # methods' rows (saying so) rather than dropping them
+                if fixed or (chosen is not None and (p, m) in chosen):
                     for mode in _method_modes(runs, p, m):
                         yield m, p, mode, _by_seed(runs[(p, m, mode)]), fixed
     return _paired_table('Fixed (held-out)', pairs())
