@@ -101,6 +101,7 @@ def main(argv=None):
                                      path='updater/model:main/predictor/')
     rng = numpy.random.RandomState(a.seed)
     pool = subset_indices(len(train.images), a.train_size, 0)
+    down = Downsample(a.downsample)
     print('model {} width {}, {}x{} images, {}; FP32 forward in training '
           'mode; means over {} batches{}'.format(
               a.model, a.width, 28 // a.downsample, 28 // a.downsample,
@@ -117,7 +118,6 @@ def main(argv=None):
             idx = rng.choice(pool, b, replace=False)
             # each image as training reads it: the dataset's scaling, then
             # the per-channel normalization of the classification runs
-            down = Downsample(a.downsample)
             x = numpy.stack([down((D.normalize(train[int(i)][0], mean, std),
                                    0))[0] for i in idx])
             t = train.labels[idx].astype(numpy.int32)

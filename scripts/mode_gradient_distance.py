@@ -27,6 +27,7 @@ all), over all nodes and at the node with the most.
         [--snapshot RUN/snapshot_latest] [--steps 4]
 """
 import argparse
+import contextlib
 import os
 import sys
 import types
@@ -47,12 +48,22 @@ from ada_loss.training import Classifier, dtype_config  # NOQA: E402
 FP32 = 'float32'
 
 
+def _build(a, precision):
+    with dtype_config(precision):
+        return Classifier(build(a.model, 10, 1, a.width, None), precision,
+                          a.seed)
+
+
+def _state(model):
+    s = chainer.serializers.DictionarySerializer()
+    s.save(model)
+    return s.target
+
+
 def make_model(a, precision, state):
     """The model in ``precision`` with the weights of ``state`` (every
     model of the comparison starts from the same values)."""
-    with dtype_config(precision):
-        model = Classifier(build(a.model, 10, 1, a.width, None), precision,
-                           a.seed)
+    model = _build(a, precision)
     chainer.serializers.NpzDeserializer(state).load(model)
     return model
 
@@ -68,14 +79,7 @@ def initial_state(a, precision='mixed16'):
             return {k[len(prefix):]: z[k] for k in z.files
                     if k.startswith(prefix)}
     numpy.random.seed(a.seed)
-    with dtype_config('float32'):
-        model = Classifier(build(a.model, 10, 1, a.width, None), 'float32',
-                           a.seed)
-    s = chainer.serializers.DictionarySerializer()
-    s.save(model)
-    s2 = chainer.serializers.DictionarySerializer()
-    s2.save(make_model(a, precision, s.target))
-    return s2.target
+    return _state(make_model(a, precision, _state(_build(a, 'float32'))))
 
 
 class SubnormalCounter(chainer.FunctionHook):
@@ -110,11 +114,8 @@ def unscaled_gradients(model, scaling, x, t, counter=None):
     model.cleargrads()
     with chainer.using_config('train', True):
         loss = model(x, t)
-    if counter is None:
+    with counter if counter is not None else contextlib.nullcontext():
         scaling.backward(loss)
-    else:
-        with counter:
-            scaling.backward(loss)
     out = {}
     for name, p in model.namedparams():
         s = p._loss_scale

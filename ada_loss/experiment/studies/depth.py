@@ -382,10 +382,11 @@ def paired(cfg, runs):
     by seed: the mean difference (points) with its 95 % interval, the
     verdict (ahead / level / behind: the interval above, containing or
     below 0) and the seeds where the method is ahead."""
+    chosen = _chosen(cfg)
+
     def pairs():
         for m in cfg.grid.models:
             for p in (str(p) for p in cfg.grid.precisions):
-                chosen = _chosen(cfg)
                 fixed, _ = held_out_fixed(runs, p, m, chosen)
                 # a scale chosen elsewhere but not trained here keeps the
                 # methods' rows (saying so) rather than dropping them
@@ -603,13 +604,14 @@ def table1(cfg, runs):
         header += ['{} {}'.format(p, c) for c, _ in columns[p]]
     lines = ['| ' + ' | '.join(header) + ' |',
              '|' + '---|' * len(header)]
+    chosen = _chosen(cfg)
     for m in models:
         row = [m]
         if cfg.study.fp32:
             row.append(cell_text(stats(runs.get(('float32', m, 'fp32'), []))))
         for p in precisions:
             mode, s = best_fixed(runs, p, m)
-            held, scales = held_out_fixed(runs, p, m, _chosen(cfg))
+            held, scales = held_out_fixed(runs, p, m, chosen)
             for c, col_mode in columns[p]:
                 if c == 'Fixed (best)':
                     row.append(cell_text(s, ' (S={})'.format(
