@@ -1,15 +1,13 @@
 """scripts/check_docs.py: README.md's demo tables against what the demo
 prints (the comparison on small cases, and one tiny run end to end)."""
-import importlib.util
 import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-    'check_docs', os.path.join(ROOT, 'scripts', 'check_docs.py'))
-check_docs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check_docs)
+from repo_modules import load
+
+check_docs = load('scripts/check_docs.py')
+
 
 README = """# x
 

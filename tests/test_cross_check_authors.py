@@ -1,20 +1,14 @@
 """scripts/cross_check_authors.py without the authors' code: the cases, the
 float64 reference, our side and the comparison (their side needs a checkout
 of kumasento/gradient-scaling: run the script itself, docs/authors.md)."""
-import importlib.util
-import os
 
 import numpy as np
 import pytest
 
 from ada_loss.loss_scale.gemm import authors_loss_scale
+from repo_modules import load
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-    'cross_check_authors', os.path.join(ROOT, 'scripts',
-                                        'cross_check_authors.py'))
-cc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cc)
+cc = load('scripts/cross_check_authors.py')
 
 
 def test_grad_errors():

@@ -1,14 +1,9 @@
 """scripts/depth_authors_rows.py: the paired differences with intervals."""
-import importlib.util
 import math
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-    'depth_authors_rows', os.path.join(ROOT, 'scripts',
-                                       'depth_authors_rows.py'))
-rows_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rows_mod)
+from repo_modules import load
+
+rows_mod = load('scripts/depth_authors_rows.py')
 
 
 def _run(seed, acc):

@@ -5,7 +5,6 @@ checked value that survives its own round trip (``config.yaml`` text read
 back), or a ConfigError / ValueError that names the key at fault and the
 reason in one line."""
 import dataclasses
-import importlib.util
 import math
 import os
 import typing
@@ -19,16 +18,11 @@ from ada_loss.experiment import config as C
 from ada_loss.experiment import runner
 
 from property_helpers import assert_specific, examples
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from repo_modules import ROOT, load
 
 
 def _entry(name):
-    path = os.path.join(ROOT, 'experiments', name + '.py')
-    spec = importlib.util.spec_from_file_location('entry_' + name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load(os.path.join('experiments', name + '.py'), 'entry_' + name)
     study, = [v for v in vars(module).values()
               if isinstance(v, runner.Study)]
     return study, os.path.normpath(module.CONFIG)

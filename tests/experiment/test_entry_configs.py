@@ -1,25 +1,20 @@
 """Every entry's default config loads, and what ``--jobs`` sends to its
 worker processes (the config with console output off) survives pickling:
 a config class that cannot be pickled breaks ``--jobs 2`` only."""
-import importlib.util
 import os
 import pickle
 
 import pytest
 
 from ada_loss.experiment import runner
+from repo_modules import ROOT, load
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
 ENTRIES = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, 'experiments'))
                  if n.endswith('.py'))
 
 
 def _entry(name):
-    path = os.path.join(ROOT, 'experiments', name + '.py')
-    spec = importlib.util.spec_from_file_location('entry_' + name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load(os.path.join('experiments', name + '.py'), 'entry_' + name)
     studies = [v for v in vars(module).values()
                if isinstance(v, runner.Study)]
     assert len(studies) == 1, name

@@ -2,23 +2,16 @@
 round): the loss gradient it measures is Chainer's own backward of the
 batch-mean softmax cross-entropy, and its cast report agrees with an
 independent E4M3 cast (ml_dtypes) on a gradient whose shares are known."""
-import importlib.util
-import os
 
 import chainer
 import chainer.functions as F
 import ml_dtypes
 import numpy
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location(
-    'loss_gradient_in_format',
-    os.path.join(ROOT, 'scripts', 'loss_gradient_in_format.py'))
-lg = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lg)
+from ada_loss.formats import get_format
+from repo_modules import load
 
-from ada_loss.formats import get_format  # NOQA: E402
+lg = load('scripts/loss_gradient_in_format.py')
 
 
 class _Logits(chainer.Link):

@@ -3,21 +3,14 @@ every model it compares starts from the same weights; where power-of-two
 scaling is exact (FP32) the modes' unscaled gradients are bit-identical,
 so a distance it reports between modes is rounding, not a different
 starting point; in mixed16 they differ by FP16 rounding only."""
-import importlib.util
-import os
 import types
 
 import numpy
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location(
-    'mode_gradient_distance',
-    os.path.join(ROOT, 'scripts', 'mode_gradient_distance.py'))
-mg = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mg)
+from ada_loss.scaling.modes import make_loss_scaling
+from repo_modules import load
 
-from ada_loss.scaling.modes import make_loss_scaling  # NOQA: E402
+mg = load('scripts/mode_gradient_distance.py')
 
 
 def _args():

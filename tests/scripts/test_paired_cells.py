@@ -1,17 +1,12 @@
 """scripts/paired_cells.py: two cells of a results.json paired by seed, as
 the depth study's tables pair them (finished runs on common seeds only)."""
-import importlib.util
 import json
-import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location(
-    'paired_cells', os.path.join(ROOT, 'scripts', 'paired_cells.py'))
-pc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pc)
+from repo_modules import load
+
+pc = load('scripts/paired_cells.py')
 
 
 def _write(tmp_path):
