@@ -42,18 +42,20 @@ def test_held_out_fixed_is_chosen_on_the_other_seeds():
 
 def test_paired_table_and_columns():
     cfg = types.SimpleNamespace(
-        grid=types.SimpleNamespace(models=['resnet110'],
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'], models=['resnet110'],
                                    precisions=['fp8_e4m3']),
         study=types.SimpleNamespace(fp32=False))
     text = depth.paired(cfg, RUNS)
     # adaptive − held-out per seed: +5, +16, +9 points: mean 10, std 5.57,
     # 95 % half-width t(0.975, 2) · 5.57 / √3 = 4.303 · 3.215 = 13.83
     assert ('| resnet110 | fp8_e4m3 | adaptive | 53.67 ± 3.21 (n=3) | '
-            '43.67 ± 5.51 (n=3) | +10.00 ± 13.83 (n=3) | level | 3/3 |'
+            '43.67 ± 5.51 (n=3) | +10.00 ± 13.83 (n=3) | +10.00 ± 13.83 (n=3) '
+            '| level | level | 3/3 |'
             ) in text
     # the paper's algorithm: 10 − (50, 40, 41) = −40, −30, −31: behind
     assert ('| adaptive:guard=false | 10.00 ± 0.00 (n=3) [94 skipped] | '
-            '43.67 ± 5.51 (n=3) | -33.67 ± 13.68 (n=3) | behind | 0/3 |'
+            '43.67 ± 5.51 (n=3) | -33.67 ± 13.68 (n=3) | -33.67 ± 13.68 (n=3) '
+            '| behind | behind | 0/3 |'
             ) in text
     table = depth.table1(cfg, RUNS)
     header = table.splitlines()[0]
@@ -68,7 +70,7 @@ def test_a_method_that_never_finished_keeps_its_row():
     at one epoch, docs/gpu.md) is in the paired table, saying there is no
     pair, instead of leaving the table empty as if it had not run."""
     cfg = types.SimpleNamespace(
-        grid=types.SimpleNamespace(models=['resnet20'],
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'], models=['resnet20'],
                                    precisions=['fp8_e4m3']),
         study=types.SimpleNamespace(fp32=False))
     diverged = {'status': R.DIVERGED, 'final_test_accuracy': None,
@@ -81,9 +83,50 @@ def test_a_method_that_never_finished_keeps_its_row():
             if r.startswith('| resnet20')]
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip('|').split('|')]
-    assert cells[2] == 'adaptive' and cells[5] == '—'
-    assert cells[6] == 'no seed where both finished' and cells[7] == '0/0'
+    assert cells[2] == 'adaptive'
+    # pairs dropped: none left; diverged at chance (10 %): 10 − 85 on
+    # every seed, and the verdict is that one's (issue 47)
+    assert cells[5] == '–'
+    assert cells[6] == '-75.00 ± 0.00 (n=3)'
+    assert cells[7] == 'behind' and cells[8] == 'behind'
+    assert cells[9] == '0/3'
     assert 'diverged (3)' in cells[3] and '85.00' in cells[4]
+    # a method whose runs have not ended has no pair at all, and says so
+    running = {('fp8_e4m3', 'resnet20', 'fixed:256'): runs[
+        ('fp8_e4m3', 'resnet20', 'fixed:256')],
+        ('fp8_e4m3', 'resnet20', 'adaptive'): [
+        {'seed': s, 'status': R.RUNNING} for s in range(3)]}
+    rows = [r for r in depth.paired(cfg, running).splitlines()
+            if r.startswith('| resnet20')]
+    cells = [c.strip() for c in rows[0].strip('|').split('|')]
+    assert cells[7] == 'no seed where both ended' and cells[9] == '0/0'
+
+
+def test_diverged_runs_scored_at_chance_change_the_verdict():
+    """Issue 47: a pair with a diverged side was dropped, hiding the
+    failure of whichever side diverged; scored at chance (10 % on a
+    10-class dataset) it counts against it, and the verdict is that one's.
+    Holm's verdict over the table's rows stands beside the raw one."""
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'],
+                                   models=['resnet20'],
+                                   precisions=['fp8_e4m3']),
+        study=types.SimpleNamespace(fp32=False))
+    base = [_run(s, a) for s, a in enumerate((0.70, 0.71, 0.69, 0.70))]
+    base[3] = {'seed': 3, 'status': R.DIVERGED,
+               'final_test_accuracy': None, 'skipped_steps': 0}
+    runs = {('fp8_e4m3', 'resnet20', 'adaptive'): base,
+            ('fp8_e4m3', 'resnet20', 'adaptive:init_scale=amax'): [
+            _run(s, a) for s, a in enumerate((0.69, 0.70, 0.68, 0.70))]}
+    row = [r for r in depth.option_paired(cfg, runs).splitlines()
+           if r.startswith('| resnet20')][0]
+    cells = [c.strip() for c in row.strip('|').split('|')]
+    # dropped: −1, −1, −1 (seed 3 gone): behind on three seeds
+    assert cells[5] == '-1.00 ± 0.00 (n=3)'
+    # at chance: −1, −1, −1, +60: mean 14.25, level
+    assert cells[6].startswith('+14.25 ± ') and cells[6].endswith('(n=4)')
+    assert cells[7] == 'level' and cells[8] == 'level'
+    assert cells[9] == '1/4'
 
 
 def test_an_option_of_a_mode_against_the_mode_default():
@@ -91,7 +134,7 @@ def test_an_option_of_a_mode_against_the_mode_default():
     precision, paired by seed (issue 32 item 2); ``adaptive:guard=false``
     too; a mode whose default has no runs gets no row."""
     cfg = types.SimpleNamespace(
-        grid=types.SimpleNamespace(models=['resnet20'],
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'], models=['resnet20'],
                                    precisions=['fp8_e4m3', 'mixed16']),
         study=types.SimpleNamespace(fp32=False))
     runs = {('fp8_e4m3', 'resnet20', 'adaptive'): [
@@ -106,7 +149,7 @@ def test_an_option_of_a_mode_against_the_mode_default():
     # +8, +11, +4: mean 7.67, std 3.51, half-width 4.303 · 3.51 / √3 = 8.72
     assert ('| resnet20 | fp8_e4m3 | adaptive:init_scale=amax | '
             '88.00 ± 1.00 (n=3) | 80.33 ± 2.52 (n=3) | +7.67 ± 8.72 (n=3) '
-            '| level | 3/3 |') in text
+            '| +7.67 ± 8.72 (n=3) | level | level | 3/3 |') in text
     assert depth.option_paired(cfg, {
         ('fp8_e4m3', 'resnet20', 'adaptive'): [_run(0, 0.5)]}) == ''
 
@@ -116,7 +159,7 @@ def test_two_adaptive_modes_two_columns():
     4, issue 39 item 1): two columns, never one "Adaptive" averaging both
     (n = 8 for four seeds)."""
     cfg = types.SimpleNamespace(
-        grid=types.SimpleNamespace(models=['resnet110'],
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'], models=['resnet110'],
                                    precisions=['fp8_e4m3']),
         study=types.SimpleNamespace(fp32=False))
     runs = {('fp8_e4m3', 'resnet110', 'adaptive'): [
@@ -177,7 +220,7 @@ def test_recipe_comparison_and_robustness():
     assert depth.without_grad_loss(gl) == 'fp8_e4m3:recipe=current'
     assert depth.without_grad_loss('fp8_e4m3') is None
     cfg = types.SimpleNamespace(
-        grid=types.SimpleNamespace(models=['resnet56'],
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'], models=['resnet56'],
                                    precisions=[gl, 'fp8_e4m3:recipe=current']),
         study=types.SimpleNamespace(fp32=True))
     runs = {
@@ -190,7 +233,8 @@ def test_recipe_comparison_and_robustness():
     text = depth.recipe_paired(cfg, runs)
     # −6, −4, −5, −21: mean −9, std 8.04, half-width 3.182·8.04/2 = 12.80
     assert '| resnet56 | {} | adaptive |'.format(gl) in text
-    assert '-9.00 ± 12.80 (n=4) | level | 0/4 |' in text
+    assert '-9.00 ± 12.80 (n=4) | -9.00 ± 12.80 (n=4) | level | level | 0/4 |' \
+        in text
     robust = depth.robustness(cfg, runs)
     # seed 3 ends at 45 < 70 − 20: one collapse in four (Wilson 4.6–69.9 %)
     assert '| resnet56 | {} | adaptive | 57.00 ± 8.04 (n=4) | 1/4 (5–70 %) |'\
@@ -206,7 +250,7 @@ def test_authors_style_has_its_own_column():
     runs[('fp8_e4m3', 'resnet110', mode)] = [
         _run(0, 0.20), _run(1, 0.30), _run(2, 0.40)]
     cfg = types.SimpleNamespace(
-        grid=types.SimpleNamespace(models=['resnet110'],
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'], models=['resnet110'],
                                    precisions=['fp8_e4m3']),
         study=types.SimpleNamespace(fp32=False))
     table = depth.table1(cfg, runs)
@@ -226,7 +270,8 @@ def test_recipe_variants_against_the_full_recipe():
     assert depth.full_recipe('mixed16') is None
     assert depth.full_recipe('fp8_e4m3:recipe=current,grad=loss') is None
     cfg = types.SimpleNamespace(grid=types.SimpleNamespace(
-        models=['resnet20'], precisions=['nvfp4', 'nvfp4:rht=false']))
+        datasets=['fashion_mnist'], models=['resnet20'],
+        precisions=['nvfp4', 'nvfp4:rht=false']))
     runs = {
         ('nvfp4', 'resnet20', 'none'): [_run(s, 0.60) for s in range(3)],
         ('nvfp4:rht=false', 'resnet20', 'none'): [
@@ -235,7 +280,7 @@ def test_recipe_variants_against_the_full_recipe():
     text = depth.variant_paired(cfg, runs)
     # +2, +3, +4: mean 3, std 1, half-width 4.303 / sqrt(3) = 2.48
     assert '| resnet20 | nvfp4:rht=false | none |' in text
-    assert '+3.00 ± 2.48 (n=3) | ahead | 3/3 |' in text
+    assert '+3.00 ± 2.48 (n=3) | +3.00 ± 2.48 (n=3) | ahead | ahead | 3/3 |' in text
     assert text.count('\n') == 2           # header, rule, one row
     assert depth.variant_paired(cfg, {}) == ''
 
@@ -269,7 +314,7 @@ def test_fixed_scale_chosen_on_other_seeds_results(tmp_path):
     assert [runs[s]['final_test_accuracy'] for s in (0, 1, 2)] == \
         [0.50, 0.52, 0.53]
     cfg = types.SimpleNamespace(
-        grid=types.SimpleNamespace(models=['resnet110'],
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'], models=['resnet110'],
                                    precisions=['fp8_e4m3']),
         study=types.SimpleNamespace(fp32=False, choose_fixed_on=str(path)))
     # adaptive − fixed:64 per seed: +5, +4, −3 points
@@ -328,10 +373,10 @@ def test_chosen_scales_ties_precision_text_and_a_scale_not_trained_here(
         ('fp8_e4m3:recipe=current,grad=loss', 'resnet20'): '16'}
     cfg = types.SimpleNamespace(
         grid=types.SimpleNamespace(
-            models=['resnet20'],
+            datasets=['fashion_mnist'], models=['resnet20'],
             precisions=['fp8_e4m3:recipe=current,grad=loss']),
         study=types.SimpleNamespace(fp32=False, choose_fixed_on=str(path)))
     runs = {('fp8_e4m3:recipe=current,grad=loss', 'resnet20', 'adaptive'): [
         _run(0, 0.5), _run(1, 0.6)]}
     # no fixed:16 run here: the method keeps its row, saying so
-    assert 'no seed where both finished' in depth.paired(cfg, runs)
+    assert 'no seed where both ended' in depth.paired(cfg, runs)

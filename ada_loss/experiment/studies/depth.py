@@ -41,6 +41,7 @@ from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import verdicts as V
 from ada_loss.experiment.config import section, setting
+from ada_loss.experiment.data import dataset_info
 from ada_loss.experiment.modes import column_label, mode_columns
 from ada_loss.experiment.runner import config_changes, decide, run_locked
 from ada_loss.experiment.studies import classification
@@ -356,10 +357,39 @@ def _by_seed(rs):
 
 
 def _differences(mine, theirs):
-    """Paired differences (points) over the seeds where both finished."""
+    """Paired differences (points) over the seeds where both finished:
+    a pair with a diverged side is dropped (which side diverged then
+    decides the direction of what is hidden: issue 47)."""
     out = []
     for seed, r in sorted(mine.items()):
         a, b = _accuracy(r), _accuracy(theirs.get(seed, {}))
+        if a is not None and b is not None:
+            out.append(a - b)
+    return out
+
+
+def chance_points(cfg):
+    """Accuracy (points) of guessing, at which a diverged run is scored:
+    100 / the number of classes of the grid's dataset."""
+    return 100.0 / dataset_info(cfg.grid.datasets[0])[0]
+
+
+def _scored(run, chance):
+    """A run's accuracy with a diverged one (or one that finished without
+    an accuracy) scored at ``chance``; None for a run that has not ended."""
+    if run.get('status') not in (R.FINISHED, R.DIVERGED):
+        return None
+    a = _accuracy(run)
+    return chance if a is None else a
+
+
+def differences_at_chance(mine, theirs, chance):
+    """Paired differences (points) over the seeds where both runs ended
+    (finished or diverged), a diverged run scored at ``chance``: every
+    failure counts against the method that failed."""
+    out = []
+    for seed, r in sorted(mine.items()):
+        a, b = _scored(r, chance), _scored(theirs.get(seed, {}), chance)
         if a is not None and b is not None:
             out.append(a - b)
     return out
@@ -393,36 +423,45 @@ def paired(cfg, runs):
                 if fixed or (chosen is not None and (p, m) in chosen):
                     for mode in _method_modes(runs, p, m):
                         yield m, p, mode, _by_seed(runs[(p, m, mode)]), fixed
-    return _paired_table('Fixed (held-out)', pairs())
+    return _paired_table('Fixed (held-out)', pairs(), chance_points(cfg))
 
 
-def _paired_table(theirs_label, pairs):
+def _paired_table(theirs_label, pairs, chance):
     """The paired table of ``pairs`` — (model, precision, mode, {seed: run}
-    of the method, {seed: run} it is compared with) — with the mean paired
-    difference, its 95 % interval, the verdict and the seeds ahead. A
-    method with runs but no seed where both finished (it diverged on every
-    seed, say) keeps its row, saying so, rather than vanishing from the
-    table; the header alone when no method has runs."""
+    of the method, {seed: run} it is compared with) — both ways (issue 47):
+    the mean paired difference over the seeds where both finished (pairs
+    with a diverged side dropped) and over the seeds where both ended, a
+    diverged run scored at ``chance``; the verdict, the Holm-adjusted
+    verdict over the table's rows (:func:`~ada_loss.experiment.verdicts
+    .holm_verdicts`) and the seeds ahead are the second's. A method with
+    runs but no seed where both ended keeps its row, saying so, rather
+    than vanishing; the header alone when no method has runs."""
     header = ['Depth', 'Precision', 'Method', 'Method', theirs_label,
-              'Method − {}, mean ± 95 %'.format(theirs_label), 'verdict',
-              'ahead']
-    lines = []
+              'Method − {}, pairs dropped'.format(theirs_label),
+              'Method − {}, diverged at chance'.format(theirs_label),
+              'verdict', 'Holm', 'ahead']
+    rows = []
     for m, p, mode, mine, theirs in pairs:
-        diffs = _differences(mine, theirs)
-        if not diffs:
+        cells = [m, p, mode, cell_text(stats(list(mine.values()))),
+                 cell_text(stats(list(theirs.values()))) if theirs else '—']
+        scored = differences_at_chance(mine, theirs, chance)
+        if not scored:
             if mine:
-                lines.append('| {} | {} | {} | {} | {} | — | no seed where '
-                             'both finished | 0/0 |'.format(
-                                 m, p, mode,
-                                 cell_text(stats(list(mine.values()))),
-                                 cell_text(stats(list(theirs.values())))
-                                 if theirs else '—'))
+                rows.append((cells + ['—', '—', 'no seed where both ended',
+                                      '—', '0/0'], None))
             continue
-        v = V.paired(diffs)
-        lines.append('| {} | {} | {} | {} | {} | {} | {} | {}/{} |'.format(
-            m, p, mode, cell_text(stats(list(mine.values()))),
-            cell_text(stats(list(theirs.values()))), V.paired_text(v),
-            v.verdict, sum(d > 0 for d in diffs), len(diffs)))
+        dropped = V.paired(_differences(mine, theirs))
+        v = V.paired(scored)
+        rows.append((cells + [V.paired_text(dropped), V.paired_text(v),
+                              v.verdict, None, '{}/{}'.format(
+                                  sum(d > 0 for d in scored), len(scored))],
+                     v))
+    holm = V.holm_verdicts([v for _, v in rows if v is not None])
+    lines = []
+    for cells, v in rows:
+        if v is not None:
+            cells[-2] = holm.pop(0) or '—'
+        lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(['| ' + ' | '.join(header) + ' |',
                       '|' + '---|' * len(header)] + lines)
 
@@ -454,7 +493,7 @@ def recipe_paired(cfg, runs, base_mode='none'):
                 theirs = _by_seed(runs.get((base, m, base_mode), []))
                 for mode in _method_modes(runs, p, m):
                     yield m, p, mode, _by_seed(runs[(p, m, mode)]), theirs
-    table = _paired_table('Recipe', pairs())
+    table = _paired_table('Recipe', pairs(), chance_points(cfg))
     return table if table.count('\n') > 1 else ''
 
 
@@ -492,7 +531,7 @@ def variant_paired(cfg, runs, mode='none'):
                     continue
                 yield (m, p, mode, _by_seed(runs[(p, m, mode)]),
                        _by_seed(runs[(base, m, mode)]))
-    table = _paired_table('Full recipe', pairs())
+    table = _paired_table('Full recipe', pairs(), chance_points(cfg))
     return table if table.count('\n') > 1 else ''
 
 
@@ -513,7 +552,7 @@ def option_paired(cfg, runs):
                         continue
                     yield (m, p, mode, _by_seed(runs[(p, m, mode)]),
                            _by_seed(runs[(p, m, base)]))
-    table = _paired_table('Mode default', pairs())
+    table = _paired_table('Mode default', pairs(), chance_points(cfg))
     return table if table.count('\n') > 1 else ''
 
 
