@@ -243,6 +243,31 @@ def test_recipe_comparison_and_robustness():
         '0/4 (0–49 %) |' in robust
 
 
+def test_robustness_counts_the_held_out_scales_failures():
+    """The held-out fixed scale the methods are compared with has its own
+    collapse rate (issue 47: its divergence at depth 20 was hidden)."""
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'],
+                                   models=['resnet20'],
+                                   precisions=['fp8_e4m3']),
+        study=types.SimpleNamespace(fp32=True))
+    diverged = {'status': R.DIVERGED, 'final_test_accuracy': None,
+                'skipped_steps': 0}
+    runs = {
+        ('float32', 'resnet20', 'fp32'): [_run(s, 0.70) for s in range(3)],
+        # 64 is best on the other seeds for every seed; it diverges on 2
+        ('fp8_e4m3', 'resnet20', 'fixed:64'): [
+            _run(0, 0.69), _run(1, 0.69), dict(diverged, seed=2)],
+        ('fp8_e4m3', 'resnet20', 'fixed:16'): [
+            _run(0, 0.60), _run(1, 0.61), _run(2, 0.60)],
+        ('fp8_e4m3', 'resnet20', 'adaptive'): [
+            _run(s, 0.68) for s in range(3)],
+    }
+    robust = depth.robustness(cfg, runs)
+    row = [r for r in robust.splitlines() if '| Fixed (held-out) |' in r]
+    assert len(row) == 1 and '| 1/' in row[0]
+
+
 def test_authors_style_has_its_own_column():
     """adaptive:style=authors (issue 37) is not merged into 'Adaptive'."""
     mode = str(parse_mode('adaptive:style=authors,update_interval=1000'))

@@ -561,7 +561,8 @@ COLLAPSE_POINTS = 20.0
 
 
 def robustness(cfg, runs):
-    """Per depth, precision and mode (fixed scales included): the spread
+    """Per depth, precision and mode (fixed scales included, and the
+    held-out fixed scale the paired tables compare with): the spread
     over seeds and the share of runs that diverged or collapsed (ended more
     than :data:`COLLAPSE_POINTS` below the FP32 run of the same seed, or
     below the FP32 mean where that seed has none), with Wilson's 95 %
@@ -569,6 +570,7 @@ def robustness(cfg, runs):
     header = ['Depth', 'Precision', 'Mode', 'mean ± std (n)',
               'collapsed or diverged (95 %)']
     lines = []
+    chosen = _chosen(cfg)
     for m in cfg.grid.models:
         ref = _by_seed(runs.get(('float32', m, 'fp32'), []))
         ref_mean = stats(list(ref.values()))[0]
@@ -578,8 +580,13 @@ def robustness(cfg, runs):
             modes = sorted({mode for (pp, mm, mode), rs in runs.items()
                             if pp == p and mm == m and rs},
                            key=_mode_order)
-            for mode in modes:
-                rs = runs[(p, m, mode)]
+            rows = [(mode, runs[(p, m, mode)]) for mode in modes]
+            held, _ = held_out_fixed(runs, p, m, chosen)
+            if held:
+                # the scale a method is compared with fails too, and its
+                # failures count as much as the method's (issue 47)
+                rows.append(('Fixed (held-out)', list(held.values())))
+            for mode, rs in rows:
                 done = [r for r in rs
                         if r.get('status') in (R.FINISHED, R.DIVERGED)]
                 bad = 0
