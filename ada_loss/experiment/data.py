@@ -7,6 +7,14 @@
   mini reproduction. Normalized only (flipping digits changes their class).
 * ``fashion_mnist``: the Debian ``dataset-fashion-mnist`` files when present.
   Normalized only.
+
+The *selection split* (``data.val_size``, issue 47): images of the training
+set, never of the test set and never trained on, on which anything a table
+tunes is chosen (the depth study's held-out fixed scale), so that the
+images a choice is scored on are not the ones it was made on. Drawn from the
+training images outside ``data.train_size``'s subset where there are enough
+(the training subset is then exactly what it was without a selection
+split), otherwise taken out of the training set first.
 """
 import numpy
 
@@ -40,6 +48,42 @@ def subset_indices(n, size, seed):
     return numpy.random.RandomState(seed).permutation(n)[:size]
 
 
+#: offset of the selection split's seed from ``data.split_seed`` (the
+#: training subset uses the seed itself, the test subset seed + 1)
+SELECTION_SEED_OFFSET = 2
+
+
+def split_indices(n, train_size, val_size, seed):
+    """``(train, selection)``: indices into n training examples of the
+    training subset and of the selection split (empty without one),
+    disjoint. Without a selection split the training subset is
+    :func:`subset_indices`'s; with one it still is wherever at least
+    ``val_size`` examples lie outside it (the selection split is drawn
+    from those), else the selection split is drawn first from all n and
+    the training subset from the rest."""
+    train = subset_indices(n, train_size, seed)
+    if not val_size:
+        return train, numpy.arange(0)
+    if val_size >= n:
+        raise ValueError('data.val_size must be below the {} training '
+                         'examples, got {}'.format(n, val_size))
+    pick = numpy.random.RandomState(seed + SELECTION_SEED_OFFSET)
+    rest = numpy.setdiff1d(numpy.arange(n), train)
+    if len(rest) >= val_size:
+        return train, rest[pick.permutation(len(rest))[:val_size]]
+    val = pick.permutation(n)[:val_size]
+    keep = numpy.setdiff1d(numpy.arange(n), val)
+    return keep[subset_indices(len(keep), train_size, seed)], val
+
+
+def _taken(dataset, indices):
+    """The examples ``indices`` of ``dataset``, in that order (Chainer's
+    SubDataset wants an order over all of it: the rest go after)."""
+    rest = numpy.setdiff1d(numpy.arange(len(dataset)), indices)
+    return chainer.datasets.SubDataset(
+        dataset, 0, len(indices), order=numpy.concatenate([indices, rest]))
+
+
 def _subset(dataset, size, seed):
     if size is None or size >= len(dataset):
         return dataset
@@ -47,8 +91,10 @@ def _subset(dataset, size, seed):
     return chainer.datasets.SubDataset(dataset, 0, size, order=order)
 
 
-def load_datasets(name, data_cfg):
-    """``(train, test)`` for dataset ``name`` and the ``data`` config section (any object with its attributes).
+def load_datasets(name, data_cfg, selection=False):
+    """``(train, test)`` for dataset ``name`` and the ``data`` config section (any object with its attributes);
+    with ``selection``, ``(train, test, selection split)`` (None without
+    ``data.val_size``), preprocessed as the test set.
 
     Raises:
         ada_loss.datasets.DatasetNotFoundError: files missing (never
@@ -73,7 +119,17 @@ def load_datasets(name, data_cfg):
         train_tf = D.cifar_test_transform(mean, std)
     test_tf = D.cifar_test_transform(mean, std)
     seed = data_cfg.split_seed
-    train = _subset(train, data_cfg.train_size, seed)
+    val_size = getattr(data_cfg, 'val_size', None)
+    val = None
+    if val_size:
+        train_idx, val_idx = split_indices(len(train), data_cfg.train_size,
+                                           val_size, seed)
+        val, train = _taken(train, val_idx), _taken(train, train_idx)
+    else:
+        train = _subset(train, data_cfg.train_size, seed)
     test = _subset(test, data_cfg.test_size, seed + 1)
-    return (D.transform_dataset(train, train_tf),
-            D.transform_dataset(test, test_tf))
+    out = (D.transform_dataset(train, train_tf),
+           D.transform_dataset(test, test_tf))
+    if selection:
+        out += (val if val is None else D.transform_dataset(val, test_tf),)
+    return out

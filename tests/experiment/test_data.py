@@ -71,3 +71,58 @@ def test_subset_indices_are_the_examples_the_subset_holds():
         [ds[i] for i in Dt.subset_indices(100, 10, 3)]
     assert list(Dt.subset_indices(5, None, 0)) == [0, 1, 2, 3, 4]
     assert list(Dt.subset_indices(5, 9, 0)) == [0, 1, 2, 3, 4]
+
+
+# -- the selection split (issue 47) -------------------------------------------
+@pytest.mark.parametrize('n, train_size, val_size', [
+    (100, 30, 20), (100, 90, 20), (100, None, 20), (50, 49, 1),
+    (1000, 100, 900)])
+def test_selection_split_is_disjoint_from_training(n, train_size, val_size):
+    from ada_loss.experiment.data import split_indices, subset_indices
+    train, val = split_indices(n, train_size, val_size, seed=3)
+    assert len(val) == val_size and len(set(val)) == val_size
+    assert not set(train) & set(val)
+    expected = min(train_size or n, n - val_size) if \
+        n - (train_size or n) < val_size else train_size
+    assert len(train) == expected
+    if train_size is not None and n - train_size >= val_size:
+        # enough images outside the subset: the subset is unchanged
+        assert list(train) == list(subset_indices(n, train_size, 3))
+
+
+def test_selection_split_refuses_all_of_the_data():
+    from ada_loss.experiment.data import split_indices
+    with pytest.raises(ValueError, match='data.val_size'):
+        split_indices(10, None, 10, 0)
+
+
+def test_selection_split_never_holds_a_test_or_training_image():
+    """The images a choice is made on (the selection split) are training
+    images, none of them trained on and none of them the test images the
+    tables report: compared image by image."""
+    cfg = load(STUDY.Config, raw={'data': {
+        'train_size': 300, 'test_size': 200, 'val_size': 150}})
+    train, test, val = load_datasets('digits', cfg.data, selection=True)
+    assert (len(train), len(test), len(val)) == (300, 200, 150)
+
+    def keys(ds):
+        return {ds[i][0].tobytes() for i in range(len(ds))}
+    k_train, k_test, k_val = keys(train), keys(test), keys(val)
+    assert not k_val & k_train
+    assert not k_val & k_test
+    # without val_size: the same training and test subsets as before
+    cfg0 = load(STUDY.Config, raw={'data': {'train_size': 300,
+                                            'test_size': 200}})
+    train0, test0 = load_datasets('digits', cfg0.data)
+    assert keys(train0) == k_train and keys(test0) == k_test
+
+
+def test_a_run_records_its_selection_accuracy(tiny_config, out_dir):
+    import json
+    path = tiny_config(data={'val_size': 40})
+    assert main(['--config', path, '--out', out_dir, '--only', 'mode=fp32',
+                 '--only', 'seed=0']) == 0
+    infos = [json.load(open(os.path.join(d, 'run.json')))
+             for d, _, files in os.walk(out_dir) if 'run.json' in files]
+    assert infos and all(0.0 <= i['final_val_accuracy'] <= 1.0
+                         for i in infos)

@@ -405,3 +405,33 @@ def test_chosen_scales_ties_precision_text_and_a_scale_not_trained_here(
         _run(0, 0.5), _run(1, 0.6)]}
     # no fixed:16 run here: the method keeps its row, saying so
     assert 'no seed where both ended' in depth.paired(cfg, runs)
+
+
+def test_held_out_scale_is_chosen_on_the_selection_split():
+    """Issue 47: where the runs recorded their selection-split accuracy,
+    the held-out scale is chosen on it, not on the test images it is
+    scored on; the tables say which images chose."""
+    def run(seed, test, val):
+        return dict(_run(seed, test), final_val_accuracy=val)
+    # on the test images fixed:16 wins on the other seeds; on the
+    # selection split fixed:64 does
+    runs = {
+        ('fp8_e4m3', 'resnet20', 'fixed:16'): [
+            run(s, 0.80, 0.50) for s in range(3)],
+        ('fp8_e4m3', 'resnet20', 'fixed:64'): [
+            run(s, 0.60, 0.70) for s in range(3)]}
+    _, scales = depth.held_out_fixed(runs, 'fp8_e4m3', 'resnet20')
+    assert scales == {0: '64', 1: '64', 2: '64'}
+    cfg = types.SimpleNamespace(grid=types.SimpleNamespace(
+        datasets=['fashion_mnist'], models=['resnet20'],
+        precisions=['fp8_e4m3']))
+    assert 'selection split' in depth.split_note(cfg, runs)
+    assert 'test images' not in depth.split_note(cfg, runs)
+    # one candidate without it: the choice falls back to the test images,
+    # and the note says so
+    old = dict(runs)
+    old[('fp8_e4m3', 'resnet20', 'fixed:64')] = [
+        _run(s, 0.60) for s in range(3)]
+    _, scales = depth.held_out_fixed(old, 'fp8_e4m3', 'resnet20')
+    assert scales == {0: '16', 1: '16', 2: '16'}
+    assert 'test images the table reports' in depth.split_note(cfg, old)

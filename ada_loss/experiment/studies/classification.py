@@ -94,6 +94,12 @@ class Data:
                                        'many test examples', minimum=1)
     split_seed: int = setting(0, 'seed of the digits split and of subsets',
                               minimum=0)
+    val_size: Optional[int] = setting(
+        None, 'selection split: this many training images, never trained '
+        'on, on which what a table tunes is chosen (final_val_accuracy in '
+        'run.json); drawn outside data.train_size\'s subset where there are '
+        'enough, else taken out of the training set (null: none)',
+        minimum=1)
 
 
 @dataclasses.dataclass
@@ -342,7 +348,8 @@ class ClassificationStudy(RC.TrainingStudy):
             data = cfg.for_model(cell.model).data
             key = (cell.dataset, repr(data))
             if key not in cache:
-                cache[key] = load_datasets(cell.dataset, data)
+                cache[key] = load_datasets(cell.dataset, data,
+                                           selection=True)
         return cache
 
     # -- the recipe's hooks (ada_loss.experiment.recipe) ----------------------------
@@ -369,8 +376,14 @@ class ClassificationStudy(RC.TrainingStudy):
 
     def load_data(self, run, cache):
         key = (run.cell.dataset, repr(run.config.data))
-        return (cache or {}).get(key) or load_datasets(run.cell.dataset,
-                                                       run.config.data)
+        return (cache or {}).get(key) or load_datasets(
+            run.cell.dataset, run.config.data, selection=True)
+
+    def datasets(self, run, data, model):
+        """``(train, test)``; the selection split (``data.val_size``), if
+        any, waits on ``run.selection`` for :meth:`metrics`."""
+        train, test, run.selection = data
+        return train, test
 
     def model(self, run, data):
         m = run.config.model
@@ -418,7 +431,20 @@ class ClassificationStudy(RC.TrainingStudy):
                  else tests.best(acc_key)),
                 ('last_test_accuracy', tests.last(acc_key)),
                 ('final_test_loss', test_loss),
-                ('final_train_loss', train_loss)]
+                ('final_train_loss', train_loss)] + (
+                    [] if run.selection is None else
+                    [('final_val_accuracy', None if diverged
+                      else self.selection_accuracy(run, trainer))])
+
+    def selection_accuracy(self, run, trainer):
+        """Accuracy of the trained model on the selection split (every
+        rank evaluates all of it: the same number everywhere)."""
+        model = trainer.updater.get_optimizer('main').target
+        it = RC.make_iterator(run.selection, run.config.train.eval_batchsize,
+                              repeat=False, shuffle=False)
+        ev = RC.evaluator(it, model, None, run.device)
+        ev.name = 'selection'
+        return float(ev()['selection/main/accuracy'])
 
     def summarized(self, run, info, scaling):
         # the last step's α (also after a resume with no step left)

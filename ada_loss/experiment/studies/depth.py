@@ -161,9 +161,10 @@ class DepthStudy(classification.ClassificationStudy):
 
     def preload(self, cfg, cells):
         tf = Downsample(cfg.study.downsample)
-        return {key: (chainer.datasets.TransformDataset(train, tf),
-                      chainer.datasets.TransformDataset(test, tf))
-                for key, (train, test) in super(DepthStudy, self).preload(
+        return {key: tuple(d if d is None else
+                           chainer.datasets.TransformDataset(d, tf)
+                           for d in data)
+                for key, data in super(DepthStudy, self).preload(
                     cfg, cells).items()}
 
     def write_tables(self, cfg, out, quiet=False, train=True):
@@ -251,11 +252,14 @@ def chosen_scales(path):
     for (precision, model, mode, seed), r in _reused(path).items():
         if mode.startswith('fixed:'):
             key = (str(parse_precision(precision)), model)
-            sweep[key].setdefault(mode, []).append(_accuracy(r))
+            sweep[key].setdefault(mode, []).append(r)
     out = {}
     for key, modes in sweep.items():
+        split = SPLIT_KEYS[selection_split(
+            [r for rs in modes.values() for r in rs])]
         best = None
-        for mode, accs in modes.items():
+        for mode, rs in modes.items():
+            accs = [_accuracy(r, split) for r in rs]
             if None in accs:
                 continue
             mean = float(numpy.mean(accs))
@@ -313,18 +317,36 @@ def _mode_columns(runs, precision):
         if column_label(c[1]) in COLUMNS else len(COLUMNS), c[1]))
 
 
-def _accuracy(run):
-    if run.get('status') != R.FINISHED or \
-            run.get('final_test_accuracy') is None:
+def _accuracy(run, key='final_test_accuracy'):
+    if run.get('status') != R.FINISHED or run.get(key) is None:
         return None
-    return 100.0 * run['final_test_accuracy']
+    return 100.0 * run[key]
+
+
+#: the run.json key a choice is made on, per split (issue 47): the
+#: selection split of the training images (``data.val_size``) where every
+#: candidate run recorded it, else — runs from before it existed — the
+#: test images, which the tables then say
+SPLIT_KEYS = {'validation': 'final_val_accuracy',
+              'test': 'final_test_accuracy'}
+
+
+def selection_split(candidates):
+    """'validation' where every finished run of ``candidates`` (run dicts)
+    recorded its selection accuracy, else 'test'."""
+    done = [r for r in candidates if r.get('status') == R.FINISHED]
+    if done and all(r.get('final_val_accuracy') is not None for r in done):
+        return 'validation'
+    return 'test'
 
 
 def held_out_fixed(runs, precision, model, chosen=None):
     """The best fixed scale chosen without the seed it is scored on (the
     winner's curse: the best of five noisy means is biased upward): for
     each seed, the scale with the best mean accuracy over the *other*
-    seeds, scored on this seed — or, with ``chosen`` ({(precision, model):
+    seeds — on the selection split (:func:`selection_split`) where the
+    runs recorded it, so that the images it is chosen on are not the test
+    images it is scored on — scored on this seed — or, with ``chosen`` ({(precision, model):
     'S'}, :func:`chosen_scales` of other seeds' runs), that scale on every
     seed (a confirmation on seeds the scale was not chosen on). Returns
     ({seed: run dict}, {seed: S})."""
@@ -336,11 +358,14 @@ def held_out_fixed(runs, precision, model, chosen=None):
         by_seed = sweep.get('fixed:{}'.format(scale), {})
         return dict(by_seed), {seed: scale for seed in by_seed}
     seeds = sorted({s for by_seed in sweep.values() for s in by_seed})
+    split = SPLIT_KEYS[selection_split(
+        [r for by_seed in sweep.values() for r in by_seed.values()])]
     chosen, scales = {}, {}
     for seed in seeds:
         best = None
         for mode, by_seed in sweep.items():
-            others = [_accuracy(r) for s, r in by_seed.items() if s != seed]
+            others = [_accuracy(r, split) for s, r in by_seed.items()
+                      if s != seed]
             if not others or None in others or seed not in by_seed:
                 continue
             mean = float(numpy.mean(others))
@@ -801,6 +826,31 @@ def plot_fig4b(records, modes, path, title):
     return path
 
 
+def split_note(cfg, runs):
+    """Which images chose the held-out fixed scale of each depth and
+    precision (issue 47): the selection split or, for runs that recorded
+    none, the test images the tables report."""
+    by_split = collections.defaultdict(list)
+    for m in cfg.grid.models:
+        for p in (str(p) for p in cfg.grid.precisions):
+            sweep = [r for (pp, mm, mode), rs in runs.items()
+                     if pp == p and mm == m and mode.startswith('fixed:')
+                     for r in rs]
+            if sweep:
+                by_split[selection_split(sweep)].append('{} {}'.format(m, p))
+    parts = []
+    if by_split['validation']:
+        parts.append('on the selection split of the training images '
+                     '(data.val_size) for ' + ', '.join(by_split['validation']))
+    if by_split['test']:
+        parts.append('on the test images the table reports (runs without a '
+                     'selection split: the choice and its score share '
+                     'images, which favours Fixed) for '
+                     + ', '.join(by_split['test']))
+    return ('The held-out fixed scales were chosen ' + '; '.join(parts)
+            + '.') if parts else ''
+
+
 def write_outputs(cfg, out, runs, left=()):
     folder = os.path.join(out, cfg.table)
     os.makedirs(folder, exist_ok=True)
@@ -814,6 +864,9 @@ def write_outputs(cfg, out, runs, left=()):
            'width of its 95 % t interval; verdict: ahead / level / behind = '
            'the interval above / containing / below 0)\n\n'
            + paired(cfg, runs) + '\n')
+    splits = split_note(cfg, runs)
+    if splits:
+        t1 += '\n' + splits + '\n'
     chosen = _chosen(cfg)
     if chosen is not None:
         t1 += ('\nThe fixed scales were chosen on other seeds ({}: the best '
@@ -858,8 +911,9 @@ def write_outputs(cfg, out, runs, left=()):
     atomic.write_text(os.path.join(folder, 'table4.md'), t4)
     atomic.write_text(os.path.join(folder, 'results.json'), json.dumps(
         {'{}|{}|{}'.format(*k): [{key: r.get(key) for key in (
-            'seed', 'status', 'final_test_accuracy', 'skipped_steps',
-            'skipped_by_layer', 'wall_time_s', 'reused') if key in r}
+            'seed', 'status', 'final_test_accuracy', 'final_val_accuracy',
+            'skipped_steps', 'skipped_by_layer', 'wall_time_s', 'reused',
+            'git_commit', 'config_sha256') if key in r}
             for r in v] for k, v in sorted(runs.items())},
         indent=1))
     return t1, t4
