@@ -116,6 +116,11 @@ class Study(object):
         trains none and says what is missing."""
         return None
 
+    def runs_elsewhere(self, cfg):
+        """Whether ``--table-only`` has runs to tabulate even where the
+        table's folder has none (the depth study's ``study.runs_from``)."""
+        return False
+
     def summary(self, info):
         """One console line for a run that ended."""
         text = '{:<40s} {:<9s}'.format(info['name'], info['status'])
@@ -570,7 +575,7 @@ def main(study, argv=None, default_config=None, description=None,
     table_dir = os.path.join(args.out, cfg.table)
     comm = None
     if args.table_only:
-        if not R.find_runs(table_dir):
+        if not R.find_runs(table_dir) and not study.runs_elsewhere(cfg):
             return _error('no runs under {} to build tables from (--table-'
                           'only trains nothing; leave it out to train the '
                           'grid)'.format(table_dir))

@@ -435,3 +435,40 @@ def test_held_out_scale_is_chosen_on_the_selection_split():
     _, scales = depth.held_out_fixed(old, 'fp8_e4m3', 'resnet20')
     assert scales == {0: '16', 1: '16', 2: '16'}
     assert 'test images the table reports' in depth.split_note(cfg, old)
+
+
+def test_the_table_checks_the_config_of_every_run_it_pools(tmp_path):
+    """Issue 47 item 3: each pooled run's config.yaml is compared with the
+    table's config for its cell; a run that ran another config is named
+    with the keys that differ, one without a config is unverified."""
+    import yaml
+    from ada_loss.experiment import config as C
+    study = depth.STUDY
+    cfg = study.load_config(None, ['grid.models=[resnet20]',
+                                   'grid.precisions=[fp8_e4m3]',
+                                   'grid.modes=[adaptive]',
+                                   'grid.fixed_scales=[]', 'grid.seeds=[0]'])
+    cell = [c for c in study.cells(cfg) if str(c.mode) == 'adaptive'][0]
+    same = tmp_path / 'same'
+    same.mkdir()
+    (same / 'config.yaml').write_text(C.dump(study.run_config(cfg, cell)))
+    got = depth.pooled_config(study, cfg, cell, str(same))
+    assert got['config_differs'] == [] and len(got['config_sha256']) == 64
+    other = tmp_path / 'other'
+    other.mkdir()
+    plain = C.to_plain(study.run_config(cfg, cell))
+    plain['train']['lr'] = 0.5
+    (other / 'config.yaml').write_text(yaml.safe_dump(plain))
+    assert depth.pooled_config(study, cfg, cell, str(other))[
+        'config_differs'] == ['train.lr']
+    assert depth.pooled_config(study, cfg, cell, str(tmp_path / 'none')) \
+        == {'config_differs': None}
+    runs = {('fp8_e4m3', 'resnet20', 'adaptive'): [
+        dict(_run(0, 0.5), config_differs=['train.lr'], git_commit='a' * 40),
+        dict(_run(1, 0.5), config_differs=[], git_commit='a' * 40),
+        dict(_run(2, 0.5), reused=True)]}
+    note = depth.provenance_note(runs)
+    assert '1 pooled runs ran another config' in note
+    assert 'resnet20 fp8_e4m3 adaptive seed 0 (train.lr)' in note
+    assert '1 pooled runs have no config.yaml' in note
+    assert 'aaaaaaaaaa (2)' in note and 'unknown (1)' in note

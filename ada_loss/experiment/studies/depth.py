@@ -27,6 +27,7 @@ adaptive, FP8), ``fig4_records.csv`` and ``results.json``.
 import collections
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
@@ -66,7 +67,7 @@ REUSABLE = ('fp32', 'none', 'fixed', 'dynamic')
 #: rerun (DepthStudy.not_compared), nor, with the folder's name, when an
 #: earlier edition's run is reused
 NOT_NUMBERS = ('study.reuse', 'study.fig4', 'study.fp32',
-               'study.choose_fixed_on')
+               'study.choose_fixed_on', 'study.runs_from')
 
 
 @dataclasses.dataclass
@@ -91,6 +92,11 @@ class StudySettings:
                          'fixed and dynamic runs fill the cells that have '
                          'no run folder here (check one cell reproduces '
                          'first)')
+    runs_from: str = setting(
+        '', "an earlier edition's results.json whose run folders are not "
+        'here: every cell without a run folder takes its run from it (to '
+        're-print its tables with this code; their config is unverified, '
+        'as the tables say)')
     choose_fixed_on: str = setting(
         '', "other seeds' results.json (an earlier cell's): the fixed scale "
         'each method is compared with is the best mean there, scored on '
@@ -109,6 +115,11 @@ class Config(classification.Config):
         backward with NumPy, so they are refused on a device (before the
         grid, not after it)."""
         super(Config, self).check()
+        path = self.study.runs_from
+        if path and not os.path.isfile(path):
+            raise C.ConfigError('study.runs_from', "expected a depth study's "
+                                'results.json; no such file: {!r}'
+                                .format(path))
         path = self.study.choose_fixed_on
         if path and not os.path.isfile(path):
             raise C.ConfigError('study.choose_fixed_on', 'expected a depth '
@@ -159,6 +170,9 @@ class DepthStudy(classification.ClassificationStudy):
                     if c.seed == s]
         return out
 
+    def runs_elsewhere(self, cfg):
+        return bool(cfg.study.runs_from)
+
     def preload(self, cfg, cells):
         tf = Downsample(cfg.study.downsample)
         return {key: tuple(d if d is None else
@@ -189,10 +203,16 @@ def collect(study, cfg, out):
     runs left out because their config is not this one (or unknown)."""
     runs, left = collections.defaultdict(list), []
     for cell in study.cells(cfg):
-        info = R.read_run(study.folder(out, cfg, cell))
+        folder = study.folder(out, cfg, cell)
+        info = R.read_run(folder)
         key = (str(cell.precision), cell.model, str(cell.mode))
         if info:
-            runs[key].append(info)
+            runs[key].append(dict(info, **pooled_config(study, cfg, cell,
+                                                        folder)))
+        elif cfg.study.runs_from:
+            old = _reused(cfg.study.runs_from).get(key + (cell.seed,))
+            if old is not None:
+                runs[key].append(dict(old))
         elif cfg.study.reuse and cell.mode.name in REUSABLE:
             old = _reused(cfg.study.reuse).get(key + (cell.seed,))
             if old is None:
@@ -203,6 +223,55 @@ def collect(study, cfg, out):
             else:
                 runs[key].append(dict(old, reused=True))
     return runs, left
+
+
+def pooled_config(study, cfg, cell, folder):
+    """What the table knows of the config a run it pools ran (issue 47:
+    pooled runs must share the table's config): ``config_sha256`` of its
+    ``config.yaml`` and ``config_differs``, the keys that determine the
+    numbers and differ from the cell's config now (None: no readable
+    ``config.yaml``, so unverified)."""
+    path = os.path.join(folder, R.CONFIG_YAML)
+    try:
+        with open(path, 'rb') as f:
+            raw = f.read()
+        saved = C.read_yaml(path)
+    except (OSError, C.ConfigError):
+        return {'config_differs': None}
+    return {'config_sha256': hashlib.sha256(raw).hexdigest(),
+            'config_differs': config_changes(
+                saved, C.to_plain(study.run_config(cfg, cell)),
+                study.not_compared)}
+
+
+def provenance_note(runs):
+    """Footnote of what the pooled runs ran: those whose config differs
+    from the table's in a key that determines the numbers (named), those
+    whose config could not be checked, and the commits they ran at."""
+    differ, unknown, commits = [], 0, collections.Counter()
+    for (p, m, mode), rs in sorted(runs.items()):
+        for r in rs:
+            commits[(r.get('git_commit') or 'unknown')[:10]] += 1
+            keys = r.get('config_differs', None)
+            if 'config_differs' not in r or keys is None:
+                unknown += 1
+            elif keys:
+                differ.append('{} {} {} seed {} ({})'.format(
+                    m, p, mode, r.get('seed'), ', '.join(keys)))
+    lines = []
+    if differ:
+        lines.append('**{} pooled runs ran another config than this '
+                     "table's** (the keys that differ): {}.".format(
+                         len(differ), '; '.join(differ[:8]) + (
+                             '; …' if len(differ) > 8 else '')))
+    if unknown:
+        lines.append('{} pooled runs have no config.yaml to check (runs '
+                     'reused from a results.json): their config is '
+                     'unverified.'.format(unknown))
+    if commits:
+        lines.append('Commits of the pooled runs: {}.'.format(', '.join(
+            '{} ({})'.format(c, n) for c, n in sorted(commits.items()))))
+    return '\n'.join(lines)
 
 
 def reuse_changes(study, cfg, cell):
@@ -896,6 +965,9 @@ def write_outputs(cfg, out, runs, left=()):
         t1 += ('\n**Robustness: spread over seeds and runs that collapsed '
                '(ended > {:g} points below FP32) or diverged, with Wilson\'s '
                '95 % interval**\n\n'.format(COLLAPSE_POINTS) + robust + '\n')
+    provenance = provenance_note(runs)
+    if provenance:
+        t1 += '\n' + provenance + '\n'
     reused = sum(bool(r.get('reused')) for rs in runs.values() for r in rs)
     if reused:
         t1 += ('\n{} runs (none, fixed, dynamic) are the earlier edition\'s '
@@ -913,7 +985,7 @@ def write_outputs(cfg, out, runs, left=()):
         {'{}|{}|{}'.format(*k): [{key: r.get(key) for key in (
             'seed', 'status', 'final_test_accuracy', 'final_val_accuracy',
             'skipped_steps', 'skipped_by_layer', 'wall_time_s', 'reused',
-            'git_commit', 'config_sha256') if key in r}
+            'git_commit', 'config_sha256', 'config_differs') if key in r}
             for r in v] for k, v in sorted(runs.items())},
         indent=1))
     return t1, t4
