@@ -51,7 +51,15 @@ class AdaLossScaled(object):
             loss gradient's largest entry into the format's top binade
             (:func:`~ada_loss.loss_scale.fit.top_binade_scale`): a softmax
             gradient is one large entry per row and many tiny ones, which
-            Eq. 1's Gaussian does not model.
+            Eq. 1's Gaussian does not model. ``'format'`` (*not in the
+            paper*; the candidate default of the pre-registered test in
+            docs/depth_study.md): ``'amax'`` where the format cannot hold
+            1/B as a normal number (its smallest normal 2^emin above 1/B,
+            B the loss gradient's rows: a mean-reduced softmax
+            cross-entropy has entries of magnitude ≤ 1/B — at B = 128 in
+            E4M3 the whole loss gradient is subnormal at α = 1), else α_{N+1}
+            = 1 untouched (FP16, BF16, E5M2 at any usual B: bit-identical
+            to the default).
         t_uf (float): T_uf, the allowed underflow rate (§3.2.1).
         update_interval (int): recompute β every this many backward passes
             and reuse the last β in between (§4.3).
@@ -115,8 +123,8 @@ class AdaLossScaled(object):
         self.init_rule = init_scale if isinstance(init_scale, str) else None
         self.auto_init = self.init_rule is not None
         if self.init_rule not in INIT_RULES:
-            raise ValueError("init_scale must be a positive number, 'auto' "
-                             "or 'amax', got {!r}".format(init_scale))
+            raise ValueError("init_scale must be a positive number, 'auto', "
+                             "'amax' or 'format', got {!r}".format(init_scale))
         if not self.auto_init:
             check_scale(init_scale, 'init_scale')
         in_open_unit('t_uf', t_uf)
@@ -307,14 +315,19 @@ class AdaLossScaled(object):
         self._device_w_stats = {}
         self._last_pass = bp
         self._records = bp.gemm_records
+        rule = self.init_rule
+        if rule == 'format' and entry is not None:
+            rule = format_rule(self.fmt, entry.rows())
+            if rule is None:
+                entry = None        # 1/B is normal here: α_{N+1} stays 1
         if isinstance(entry, _DeviceLossGradient):
             # decided on the device (no read): the old α_{N+1} stays where
             # the loss is not finite or no GEMM received its gradient
             self.init_scale = device_kernels().loss_gradient_alpha(
-                entry.parts, loss.array, self.init_scale, self.init_rule,
+                entry.parts, loss.array, self.init_scale, rule,
                 self.fmt, self.t_uf, MAX_LOSS_SCALE, self.max_accum_scale)
         elif entry is not None and entry.count and bp.loss_finite:
-            if self.init_rule == 'amax':
+            if rule == 'amax':
                 alpha = top_binade_scale(entry.peak, self.fmt)
             else:
                 alpha = loss_gradient_scale(entry.second(), entry.peak,
@@ -477,7 +490,27 @@ class AdaLossScaled(object):
 
 
 #: the values of ``init_scale`` that set α_{N+1} from the loss gradient
-INIT_RULES = (None, 'auto', 'amax')
+INIT_RULES = (None, 'auto', 'amax', 'format')
+
+
+def format_rule(fmt, rows):
+    """The rule ``init_scale='format'`` follows for a loss gradient of
+    ``rows`` rows stored in ``fmt``: ``'amax'`` where 1/rows — the largest
+    entry a mean-reduced softmax cross-entropy's gradient can have — is
+    below the format's smallest normal number, else None (α_{N+1} = 1).
+    Decided from shapes only (no read of a device array)."""
+    if rows and 2.0 ** fmt.emin > 1.0 / rows:
+        return 'amax'
+    return None
+
+
+def _rows(g):
+    """Rows of a loss gradient: its entries per class (the second axis):
+    N for (N, C) logits, N·H·W for (N, C, H, W) ones."""
+    shape = g.shape
+    if len(shape) < 2 or shape[1] == 0:
+        return int(numpy.prod(shape))
+    return int(numpy.prod(shape)) // int(shape[1])
 
 #: the largest α_{N+1} that ``init_scale='auto'|'amax'`` sets (2^64): far
 #: above any scale a gradient needs, and far enough below FP32's largest
@@ -516,8 +549,14 @@ class _LossGradientMoments(object):
         self.total = 0.0
         self.count = 0
         self.peak = 0.0
+        self._rows = 0
+
+    def rows(self):
+        """The most rows of a loss gradient a GEMM received."""
+        return self._rows
 
     def __call__(self, func, g, alpha):
+        self._rows = max(self._rows, _rows(g))
         g = numpy.asarray(g, numpy.float64) / alpha
         self.total += float(numpy.sum(g * g))
         self.count += g.size
@@ -536,6 +575,10 @@ class _DeviceLossGradient(object):
 
     def __init__(self):
         self.parts = []
+
+    def rows(self):
+        """As :meth:`_LossGradientMoments.rows` (shapes: no read)."""
+        return max((_rows(g) for g, _ in self.parts), default=0)
 
     def __call__(self, func, g, alpha):
         self.parts.append((g, alpha))
