@@ -120,6 +120,35 @@ class Deconvolution2D(_GemmLink, L.Deconvolution2D):
             formats=self.gemm_formats, scaling=self.gemm_scaling)
 
 
+class MatMul(_GemmLink, chainer.Link):
+    """A GEMM of two activations, ``a @ b`` over the last two axes
+    (attention's Q·Kᵀ and P·V), as a link with no parameter: it gives the
+    GEMM a name (``scale_key``, its path) and takes a precision's formats
+    and recipe state like the layer links, through
+    :func:`ada_loss.functions.matmul.matmul`.
+
+    Args:
+        stat_axis: None (Algorithm 4's statistics over the whole tensors)
+            or the axis of the heads (every head meets T_uf; docs/modes.md).
+        keep_format: None, or a format name (``'bfloat16'``, ``'float32'``)
+            this GEMM keeps whatever the precision
+            (:func:`ada_loss.training.apply_precision`): attention in
+            higher precision, as Transformer Engine's NVFP4 recipe has it.
+    """
+
+    def __init__(self, stat_axis=None, keep_format=None):
+        super(MatMul, self).__init__()
+        self.stat_axis = stat_axis
+        self.keep_format = keep_format
+
+    def forward(self, a, b):
+        fmt = None if self.gemm_formats is None else self.gemm_formats[0]
+        return functions.matmul(
+            functions.quantize(a, fmt), functions.quantize(b, fmt),
+            scale_key=self.scale_key, formats=self.gemm_formats,
+            scaling=self.gemm_scaling, stat_axis=self.stat_axis)
+
+
 #: Chainer GEMM link type -> its ada_loss counterpart.
 GEMM_LINK_TYPES = {
     L.Linear: Linear,

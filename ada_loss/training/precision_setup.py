@@ -41,7 +41,15 @@ def apply_precision(model, precision, seed=0):
             continue
         if as_gemm_link(link):
             name = path.lstrip('/')
-            if name in bf16:
+            keep = getattr(link, 'keep_format', None)
+            if keep is not None:
+                # a GEMM kept in a higher precision whatever the precision
+                # (attention: ada_loss.links.MatMul(keep_format=...))
+                fmt = get_format(keep)
+                link.gemm_formats = None if fmt.is_float32 or \
+                    parsed.storage == 'mixed16' else (fmt, fmt)
+                link.gemm_scaling = None
+            elif name in bf16:
                 # a layer the recipe keeps in BF16 (NVFP4's first and last
                 # layers): as the bf16 precision, no scaled cast
                 link.gemm_formats = (get_format('bfloat16'),) * 2
