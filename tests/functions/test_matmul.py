@@ -136,3 +136,48 @@ def test_operand_views_are_algorithm_4s_gemms():
                            bound='output',
                            gain=va.grad_input_gain(va.gemm_weight()))
     assert np.abs(ga * 1e-6 * beta).max() <= 448
+
+
+def test_per_tensor_recipe_backward_reuses_the_forward_copies():
+    """fp8:recipe=current: a and b cast once per tensor (E4M3) for the
+    forward, the same copies in both gradient GEMMs, gY cast once (E5M2),
+    outputs FP32 (TE's per-tensor recipe)."""
+    from ada_loss.formats.per_tensor import quantize_per_tensor
+    from ada_loss.precision import parse_precision
+    scaling = parse_precision('fp8:recipe=current').recipe.state()
+    a, b, gy = _operands(4, np.float32)
+    node, y = _node(a, b, scaling=scaling)
+    e4, e5 = get_format('fp8_e4m3'), get_format('fp8_e5m2')
+    aq, bq = quantize_per_tensor(a, e4)[0], quantize_per_tensor(b, e4)[0]
+    np.testing.assert_array_equal(y.array, np.matmul(aq, bq))
+    (ga, gb), _ = node.backward_scaled((0, 1), (chainer.Variable(gy),))
+    gq = quantize_per_tensor(gy, e5)[0]
+    np.testing.assert_array_equal(ga.array, np.matmul(gq, bq.swapaxes(-1,
+                                                                      -2)))
+    np.testing.assert_array_equal(gb.array, np.matmul(aq.swapaxes(-1, -2),
+                                                      gq))
+
+
+def test_mx_recipe_casts_each_operand_along_each_gemms_reduction():
+    """mxfp8: blocks of 32 along the reduction of each GEMM — the forward
+    sums K (a's last axis, b's axis −2), gA = gY·Bᵀ sums N (gY's and b's
+    last axis), gB = Aᵀ·gY sums M (a's and gY's axis −2)."""
+    from ada_loss.formats.mx import quantize_mx
+    from ada_loss.precision import parse_precision
+    scaling = parse_precision('mxfp8').recipe.state()
+    rng = np.random.RandomState(6)
+    a = rng.randn(1, 2, 32, 32).astype(np.float32)
+    b = (rng.randn(1, 2, 32, 32) * np.logspace(-3, 3, 32)).astype(
+        np.float32)
+    gy = (rng.randn(1, 2, 32, 32) * np.logspace(3, -3, 32)[:, None]).astype(
+        np.float32)
+    node, y = _node(a, b, scaling=scaling)
+
+    def q(x, axis):
+        return quantize_mx(x, 'fp8_e4m3', axis=(axis,))
+    np.testing.assert_array_equal(y.array, np.matmul(q(a, 3), q(b, 2)))
+    (ga, gb), _ = node.backward_scaled((0, 1), (chainer.Variable(gy),))
+    np.testing.assert_array_equal(
+        ga.array, np.matmul(q(gy, 3), q(b, 3).swapaxes(-1, -2)))
+    np.testing.assert_array_equal(
+        gb.array, np.matmul(q(a, 2).swapaxes(-1, -2), q(gy, 2)))
