@@ -203,3 +203,12 @@ def test_attention_format_float32_leaves_attention_unrounded():
                      attention_format='float32')
     q, kt, s = _qk_output(m, 'fp8_e4m3')
     np.testing.assert_array_equal(s, np.matmul(q, kt))
+
+
+def test_nvfp4_bf16_layers_may_name_attention_gemms():
+    m = _tiny()
+    apply_precision(m, 'nvfp4:bf16=blocks/0/attn/qk+blocks/0/attn/pv')
+    bf16 = get_format('bfloat16')
+    for link in (m.blocks[0].attn.qk, m.blocks[0].attn.pv):
+        assert link.gemm_formats == (bf16, bf16) and link.gemm_scaling is None
+    assert m.blocks[0].attn.c_attn.gemm_scaling is not None
