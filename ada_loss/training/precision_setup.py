@@ -13,7 +13,10 @@ def apply_precision(model, precision, seed=0):
     :mod:`ada_loss.links` counterpart in place (as :class:`AdaLossScaled`
     does) with ``gemm_formats`` set, and for a scaled precision
     ``gemm_scaling`` (a fresh state per layer); for float32 and mixed16
-    both are cleared. In mixed16 every ``chainer.links.BatchNormalization`` also
+    both are cleared. A GEMM link with a ``keep_format`` (attention's
+    :class:`ada_loss.links.MatMul` in a GPT built with
+    ``attention_format``) keeps that format in both passes and no recipe
+    cast whatever the precision (FP16 in mixed16 storage). In mixed16 every ``chainer.links.BatchNormalization`` also
     becomes :class:`ada_loss.links.BatchNormalization` (Chainer's results,
     faster on float16 NumPy arrays; see
     :mod:`ada_loss.functions.fp16_elementwise`). Returns the paths of the

@@ -113,3 +113,14 @@ def test_gpt_bit_exact_under_amax():
     _, records = _run_both(True, 1e-4, scaler=AmaxLossScaled,
                            fmt='fp8_e4m3')
     assert max(records[-1][1].values()) > 1
+
+
+def test_embeddings_are_gathers_not_unconverted_gemms():
+    """An EmbedID (a parametric Link that is not a Chain) used to stop the
+    conversion with an AttributeError; it is a gather, not a GEMM, so it
+    is not listed as a layer left unconverted either."""
+    model = _tiny(False)
+    ada = AdaLossScaled(model, verbose=False)
+    assert ada.not_converted == []
+    assert 'lm_head' in ada.converted and 'blocks/0/attn/qk' in \
+        ada.converted and 'wte' not in ada.converted
