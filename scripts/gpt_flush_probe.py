@@ -42,17 +42,25 @@ def main():
     p.add_argument('--block', type=int, default=64)
     p.add_argument('--vocab', type=int, default=65)
     p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--attention-stat', default='tensor',
+                   choices=('tensor', 'head'))
     p.add_argument('--list', action='store_true',
                    help='also list every GEMM above 0.1 %%')
+    p.add_argument('--detail', metavar='PREFIX',
+                   help='also print the probe row (α, β, which bound set '
+                        'β, uf_in, headroom in and out in binades) of every '
+                        'GEMM whose name starts with PREFIX')
     args = p.parse_args()
-    print('{}, GPT 4x4x128 block {}, batch {}, vocab {}, initialization'
-          .format(args.precision, args.block, args.batch, args.vocab))
+    print('{}, GPT 4x4x128 block {}, batch {}, vocab {}, attention_stat {}'
+          ', initialization'.format(args.precision, args.block, args.batch,
+                                    args.vocab, args.attention_stat))
     print('{:<28} {:>9} {:<24} {:>9} {:>9} {:>8}'.format(
         'mode', 'max uf_in', 'at', 'lm_head', 'attention', '<=0.1%'))
     for mode in args.modes:
         numpy.random.seed(args.seed)
         with dtype_config(args.precision):
-            m = GPT(args.vocab, block_size=args.block)
+            m = GPT(args.vocab, block_size=args.block,
+                    attention_stat=args.attention_stat)
         apply_precision(m, args.precision, args.seed)
         bound = 'output' if mode.startswith('adaptive') else None
         scaling = ProbingLossScaling(make_loss_scaling(mode, args.precision),
@@ -67,6 +75,8 @@ def main():
             with dtype_config(args.precision):
                 scaling.backward(lm_loss(m(x), numpy.roll(x, -1, axis=1)))
         rows = {r['layer']: r['uf_in'] for r in scaling.records}
+        details = [r for r in scaling.records if args.detail is not None
+                   and r['layer'].startswith(args.detail)]
         seen = {k: v for k, v in rows.items() if v == v}    # not NaN
         worst = max(seen, key=lambda k: seen[k])
         attn = [v for k, v in seen.items() if k.endswith((':a', ':b'))]
@@ -81,6 +91,13 @@ def main():
             print('    above 0.1 %: ' + ', '.join(
                 '{} {}'.format(k, pct(v)) for k, v in seen.items()
                 if v > 1e-3))
+        for r in details:
+            print('    {:<24} alpha 2^{:<4g} beta 2^{:<3g} set_by {:<5} uf_in '
+                  '{:6.2%} headroom in {:5.2f} out {:5.2f}'.format(
+                      r['layer'], numpy.log2(r['alpha']),
+                      numpy.log2(r['beta']), r['set_by'] or '-',
+                      r['uf_in'], r['headroom_in_log2'],
+                      r['headroom_log2']))
 
 
 if __name__ == '__main__':
