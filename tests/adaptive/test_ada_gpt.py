@@ -124,3 +124,33 @@ def test_embeddings_are_gathers_not_unconverted_gemms():
     assert ada.not_converted == []
     assert 'lm_head' in ada.converted and 'blocks/0/attn/qk' in \
         ada.converted and 'wte' not in ada.converted
+
+
+def test_attention_betas_and_backoff_saved_and_resumed(tmp_path):
+    """The β cache (attention's ``<layer>:a``/``:b`` keys included) and the
+    backoff go through an .npz snapshot, and the resumed scaler reuses the
+    cached β's exactly as the original does."""
+    model = _tiny(True)
+    ada = AdaLossScaled(copy.deepcopy(model), update_interval=4,
+                        verbose=False)
+    (x, t), = _batches(1)
+    ada.model.cleargrads()
+    ada.backward(lm_loss(ada.model(x), t) * 1e-4)
+    ada._backoff['blocks/0/attn/qk:b'] = 2
+    keys = sorted(ada._betas)
+    assert 'blocks/0/attn/qk:a' in keys and 'blocks/1/attn/pv:b' in keys
+    path = str(tmp_path / 'ada.npz')
+    chainer.serializers.save_npz(path, ada)
+    resumed = AdaLossScaled(copy.deepcopy(model), update_interval=4,
+                            verbose=False)
+    chainer.serializers.load_npz(path, resumed)
+    assert resumed._betas == ada._betas and resumed.iteration == 1
+    assert resumed.backoff() == {'blocks/0/attn/qk:b': 2}
+    for a in (ada, resumed):
+        a.model.cleargrads()
+        a.backward(lm_loss(a.model(x), t) * 1e-2)
+    assert resumed.layer_scales() == ada.layer_scales()
+    for (n, p), (_, q) in zip(sorted(ada.model.namedparams()),
+                              sorted(resumed.model.namedparams())):
+        assert np.array_equal(p.grad, q.grad), n
+        assert p._loss_scale == q._loss_scale, n
