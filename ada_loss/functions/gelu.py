@@ -27,30 +27,56 @@ def _wide(x):
     return x.astype(numpy.float32) if x.dtype == numpy.float16 else x
 
 
+def _cdf_pdf(xp, w):
+    """Φ(w), φ(w) of a float32/64 array."""
+    cdf = 0.5 * (1.0 + _erf(xp, w * w.dtype.type(_SQRT_HALF)))
+    pdf = xp.exp(-0.5 * w * w) * w.dtype.type(_INV_SQRT_2PI)
+    return cdf, pdf
+
+
 class GELU(function_node.FunctionNode):
-    """y = x·Φ(x); gx = gy·(Φ(x) + x·φ(x)). The backward's factor is a
-    constant of x (no second derivative with respect to x)."""
+    """y = x·Φ(x); gx = gy·(Φ(x) + x·φ(x)) (:class:`GELUGrad`)."""
 
     def forward(self, inputs):
         x, = inputs
         self.retain_inputs((0,))
         xp = chainer.backend.get_array_module(x)
         w = _wide(x)
-        y = w * (0.5 * (1.0 + _erf(xp, w * w.dtype.type(_SQRT_HALF))))
+        y = w * _cdf_pdf(xp, w)[0]
         return chainer.utils.force_array(y.astype(x.dtype, copy=False)),
 
     def backward(self, indexes, grad_outputs):
         x, = self.get_retained_inputs()
-        gy, = grad_outputs
+        return GELUGrad().apply((x, grad_outputs[0]))[:1]
+
+
+class GELUGrad(function_node.FunctionNode):
+    """gx = gy·g'(x) with g'(x) = Φ(x) + x·φ(x), computed in FP32 for
+    float16 and rounded once; its own gradients (double backprop):
+    ∂/∂gy = g'(x), ∂/∂x = gy·φ(x)·(2 − x²)."""
+
+    def forward(self, inputs):
+        x, gy = inputs
+        self.retain_inputs((0, 1))
+        xp = chainer.backend.get_array_module(x)
+        w = _wide(x)
+        cdf, pdf = _cdf_pdf(xp, w)
+        gx = _wide(gy) * (cdf + w * pdf)
+        return chainer.utils.force_array(gx.astype(gy.dtype, copy=False)),
+
+    def backward(self, indexes, grad_outputs):
+        x, gy = self.get_retained_inputs()
+        ggx, = grad_outputs
         xp = chainer.backend.get_array_module(x.array)
         w = _wide(x.array)
-        cdf = 0.5 * (1.0 + _erf(xp, w * w.dtype.type(_SQRT_HALF)))
-        pdf = xp.exp(-0.5 * w * w) * w.dtype.type(_INV_SQRT_2PI)
-        d = cdf + w * pdf
-        if gy.dtype == numpy.float16:
-            g = (gy.array.astype(numpy.float32) * d).astype(numpy.float16)
-            return chainer.Variable(g, requires_grad=False),
-        return gy * d.astype(gy.dtype, copy=False),
+        cdf, pdf = _cdf_pdf(xp, w)
+        ret = []
+        if 0 in indexes:
+            d2 = (pdf * (2.0 - w * w)).astype(x.dtype, copy=False)
+            ret.append(ggx * gy * d2)
+        if 1 in indexes:
+            ret.append(GELUGrad().apply((x, ggx))[0])
+        return tuple(ret)
 
 
 def gelu(x):

@@ -181,3 +181,24 @@ def test_mx_recipe_casts_each_operand_along_each_gemms_reduction():
         ga.array, np.matmul(q(gy, 3), q(b, 3).swapaxes(-1, -2)))
     np.testing.assert_array_equal(
         gb.array, np.matmul(q(a, 2).swapaxes(-1, -2), q(gy, 2)))
+
+
+def test_gelu_double_backward():
+    rng = np.random.RandomState(1)
+    x = rng.randn(3, 7) * 2
+    gradient_check.check_double_backward(
+        gelu, x, rng.randn(3, 7), rng.randn(3, 7), dtype=np.float64,
+        atol=1e-6, rtol=1e-6)
+
+
+def test_gelu_float16_computed_in_fp32_rounded_once():
+    x = np.linspace(-3, 3, 13).astype(np.float16)
+    from scipy.stats import norm
+    w = x.astype(np.float32)
+    np.testing.assert_array_equal(
+        gelu(x).array, (w * (0.5 * (1 + __import__('scipy').special.erf(
+            w * np.float32(1 / np.sqrt(2)))))).astype(np.float16))
+    assert gelu(x).dtype == np.float16
+    np.testing.assert_allclose(gelu(x).array.astype(np.float64),
+                               x * norm.cdf(x.astype(np.float64)),
+                               rtol=2e-3, atol=1e-3)
