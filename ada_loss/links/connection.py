@@ -149,6 +149,34 @@ class MatMul(_GemmLink, chainer.Link):
             scaling=self.gemm_scaling, stat_axis=self.stat_axis)
 
 
+class TiedLinear(_GemmLink, chainer.Link):
+    """A Linear layer without bias on another link's weight: ``x · Wᵀ``
+    with W the ``W`` of ``owner`` (weight tying: a GPT's readout on its
+    token embedding, W of shape (vocab, width)). A GEMM link with no
+    parameter of its own, so W is serialized and optimized once, as the
+    owner's; in the ⟨α, δ⟩ backward W's gradient sums the owner's use and
+    this one's, rescaled to one α by Algorithm 5 where they meet at the
+    leaf. The owner is held outside Chainer's link tree (not a child)."""
+
+    def __init__(self, owner):
+        super(TiedLinear, self).__init__()
+        if getattr(owner, 'W', None) is None:
+            raise ValueError('TiedLinear needs a link with a weight W, got '
+                             '{}'.format(type(owner).__name__))
+        self._owner = [owner]     # a list: not registered as a child
+
+    @property
+    def W(self):
+        return self._owner[0].W
+
+    def forward(self, x, n_batch_axes=1):
+        fmt = None if self.gemm_formats is None else self.gemm_formats[0]
+        return functions.linear(
+            functions.quantize(x, fmt), functions.quantize(self.W, fmt),
+            n_batch_axes=n_batch_axes, scale_key=self.scale_key,
+            formats=self.gemm_formats, scaling=self.gemm_scaling)
+
+
 #: Chainer GEMM link type -> its ada_loss counterpart.
 GEMM_LINK_TYPES = {
     L.Linear: Linear,

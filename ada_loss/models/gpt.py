@@ -10,7 +10,8 @@ Every GEMM is scale-aware, so every loss-scaling mode and precision applies
 (docs/transformer.md): the Linear layers are :class:`ada_loss.links.Linear`,
 attention's Q·Kᵀ and P·V are :class:`ada_loss.links.MatMul` (GEMMs of two
 activations, a β per input gradient: docs/modes.md), and the tied readout
-is :class:`TiedReadout`, a GEMM link on the embedding's weight. LayerNorm
+is :class:`ada_loss.links.TiedLinear`, a GEMM link on the embedding's
+weight. LayerNorm
 and the attention softmax run in FP32 on float16 activations (mixed16),
 as batch normalization does here (FP32 statistics).
 
@@ -28,7 +29,6 @@ import numpy
 
 from ada_loss import functions as AF
 from ada_loss import links as AL
-from ada_loss.links.connection import _GemmLink
 
 #: nanoGPT's CPU configuration (its README: "baby GPT" on a CPU).
 DEFAULTS = dict(n_layer=4, n_head=4, n_embd=128, block_size=64)
@@ -143,28 +143,6 @@ class Block(chainer.Chain):
         return x + self.mlp(self.ln2(x))
 
 
-class TiedReadout(_GemmLink, chainer.Link):
-    """The readout ``h · Eᵀ`` on the token embedding's weight E (weight
-    tying): a GEMM link with no parameter of its own (E's gradient sums the
-    readout's and the lookup's, rescaled to one α by Algorithm 5 where they
-    meet at the leaf). E stays the embedding's parameter; this link holds
-    no reference Chainer would serialize or optimize twice."""
-
-    def __init__(self, embed):
-        super(TiedReadout, self).__init__()
-        self._embed = [embed]     # a list: not registered as a child
-
-    @property
-    def W(self):
-        return self._embed[0].W
-
-    def forward(self, x, n_batch_axes=1):
-        fmt = None if self.gemm_formats is None else self.gemm_formats[0]
-        return AF.linear(AF.quantize(x, fmt), AF.quantize(self.W, fmt),
-                         n_batch_axes=n_batch_axes, scale_key=self.scale_key,
-                         formats=self.gemm_formats, scaling=self.gemm_scaling)
-
-
 class GPT(chainer.Chain):
     """The GPT: token ids (B, T) int32 → logits (B, T, vocab_size).
 
@@ -173,7 +151,8 @@ class GPT(chainer.Chain):
         n_layer, n_head, n_embd, block_size (int): depth, heads, width,
             longest sequence (:data:`DEFAULTS`).
         tie_weights (bool): the readout is the token embedding's transpose
-            (:class:`TiedReadout`; nanoGPT's default) instead of its own
+            (:class:`ada_loss.links.TiedLinear`; nanoGPT's default) instead
+            of its own
             Linear ``lm_head`` (no bias either way).
         attention_stat (str): ``'tensor'`` (default) or ``'head'``: how
             Algorithm 4 reads attention's GEMMs (docs/modes.md).
@@ -202,7 +181,7 @@ class GPT(chainer.Chain):
                       attention_format) for _ in range(n_layer)])
             self.ln_f = LayerNorm(n_embd)
             if self.tie_weights:
-                self.lm_head = TiedReadout(self.wte)
+                self.lm_head = AL.TiedLinear(self.wte)
             else:
                 self.lm_head = AL.Linear(n_embd, vocab_size, nobias=True,
                                          initialW=_normal(0.02))

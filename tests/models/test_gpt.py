@@ -246,3 +246,9 @@ def test_learns_a_sequence_it_must_attend_to(precision, mode):
         y = m(x)
     second = lm_loss(y[:, 3:], t[:, 3:])
     assert float(second.array) < 0.25 * np.log(V), float(second.array)
+
+
+def test_tied_linear_needs_a_weight():
+    from ada_loss.links import TiedLinear
+    with pytest.raises(ValueError, match='link with a weight W'):
+        TiedLinear(chainer.Link())
