@@ -11,9 +11,9 @@ Every GEMM is scale-aware, so every loss-scaling mode and precision applies
 attention's Q·Kᵀ and P·V are :class:`ada_loss.links.MatMul` (GEMMs of two
 activations, a β per input gradient: docs/modes.md), and the tied readout
 is :class:`ada_loss.links.TiedLinear`, a GEMM link on the embedding's
-weight. LayerNorm
-and the attention softmax run in FP32 on float16 activations (mixed16),
-as batch normalization does here (FP32 statistics).
+weight. LayerNorm and the attention softmax run in FP32 on float16
+activations (mixed16), as batch normalization does here (FP32
+statistics).
 
 Link paths (the layers' names): ``wte``, ``wpe``, ``blocks/<i>/ln1``,
 ``blocks/<i>/attn/c_attn``, ``.../attn/qk``, ``.../attn/pv``,
