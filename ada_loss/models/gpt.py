@@ -30,7 +30,8 @@ import numpy
 from ada_loss import functions as AF
 from ada_loss import links as AL
 
-#: nanoGPT's CPU configuration (its README: "baby GPT" on a CPU).
+#: nanoGPT's CPU configuration (its README's command for a CPU: 4 layers,
+#: 4 heads, width 128, block 64, batch 12, no dropout).
 DEFAULTS = dict(n_layer=4, n_head=4, n_embd=128, block_size=64)
 
 _STATS = ('tensor', 'head')
