@@ -9,6 +9,7 @@ import numpy
 from ada_loss.adaptive.backward import (
     NonFinite, ScaledBackprop, gemm_key, gemm_nodes)
 from ada_loss.formats import get_format
+from ada_loss.functions.matmul import OperandGradient
 from ada_loss.functions.scales import (
     device_kernels, host_float, is_device_scalar)
 from ada_loss.links import as_gemm_link
@@ -176,7 +177,9 @@ class AdaLossScaled(object):
             if as_gemm_link(link):
                 link.scale_key = path
                 converted.append(path)
-            elif 'W' in link._params and not link._children:
+            elif 'W' in link._params and not getattr(
+                    link, '_children', None) and \
+                    not isinstance(link, _NOT_GEMMS):
                 # A parametric leaf link of an unknown type: its parameter
                 # gradients are still unscaled correctly, but its β is 1.
                 not_converted.append('{} ({})'.format(
@@ -209,16 +212,27 @@ class AdaLossScaled(object):
         """Algorithm 4, recomputed every ``update_interval`` passes."""
         recompute = ((self.iteration - 1) % self.update_interval == 0
                      or key not in self._betas)
+        group_axis = getattr(func, 'stat_axis', None)
         if self.style == 'authors':
+            if isinstance(func, OperandGradient):
+                raise NotImplementedError(
+                    "style='authors' has no rule for a GEMM of two "
+                    'activations ({}): their code scales layer GEMMs only; '
+                    "use style='paper'".format(key))
             return self._authors_scale(key, W, g, alpha, recompute)
         if recompute:
+            if is_device_scalar(alpha) and group_axis is not None:
+                raise NotImplementedError(
+                    'per-head statistics of attention GEMMs ({}) run on '
+                    'the CPU only'.format(key))
             if is_device_scalar(alpha):
                 beta = self._gemm_scale_on_device(func, W, g)
             else:
                 gain = bound_gain(func, W, self.bound)
                 beta = gemm_loss_scale(W, g, self.t_uf, self.fmt,
                                        bound=self.bound, gain=gain,
-                                       max_scale=self.max_layer_scale)
+                                       max_scale=self.max_layer_scale,
+                                       group_axis=group_axis)
             self._betas[key] = beta
         return self._betas[key]
 
@@ -488,6 +502,10 @@ class AdaLossScaled(object):
             serializer('backoff_values', numpy.array(
                 [self._backoff[k] for k in keys], dtype=numpy.int64))
 
+
+#: links with a weight ``W`` that run no GEMM: an embedding is a gather
+#: (its backward a scatter-add of the gradient as carried, at its α)
+_NOT_GEMMS = (chainer.links.EmbedID,)
 
 #: the values of ``init_scale`` that set α_{N+1} from the loss gradient
 INIT_RULES = (None, 'auto', 'amax', 'format')

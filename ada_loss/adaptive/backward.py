@@ -10,6 +10,11 @@ at:
   computes β = GetLossScale(W, g) (Algorithm 4, §3.2.3), produces its input
   gradient from β·g at scale α·β, and its weight/bias gradients from g at
   scale α;
+* a GEMM of two activations (:class:`ada_loss.functions.matmul
+  .MatMulFunction`, attention's Q·Kᵀ and P·V) gets one β per input
+  gradient, Algorithm 4 with the *other* operand in the weight's role
+  (:class:`ada_loss.functions.matmul.OperandGradient`, whose key is the
+  node's with ``:a`` or ``:b``): gA at α·β_a, gB at α·β_b;
 * every other node passes α through unchanged (§3.2.2: element-wise ops,
   batch normalization, pooling, reshapes, the loss ...);
 * wherever gradients meet — the several consumers of one variable (fan-out),
@@ -58,6 +63,7 @@ from chainer.functions.math import matmul as _c_matmul
 from ada_loss.formats import get_format
 from ada_loss.formats.widen import widen
 from ada_loss.functions.gemm import GemmFunction
+from ada_loss.functions.matmul import MatMulFunction
 from ada_loss.functions.scales import device_kernels, is_device_scalar
 from ada_loss.loss_scale.branch import common_scale
 from ada_loss.loss_scale.fit import fit_ratio, overflows  # NOQA (re-exported)
@@ -474,7 +480,13 @@ class ScaledBackprop(object):
         out_grad = tuple(out_grad)
 
         is_gemm = isinstance(func, GemmFunction)
+        is_mm = isinstance(func, MatMulFunction)
         host = not self.scales.on_device
+        if is_mm:
+            self._step_matmul(func, targets, inputs, out_grad, alpha,
+                              origins, direct, grads, add_cand, leaves,
+                              hooks_base)
+            return
         if is_gemm:
             key = gemm_key(func)
             self.layers.append(key)
@@ -576,6 +588,75 @@ class ScaledBackprop(object):
             if self.loss_gradient is not None:
                 self._direct[x] = self._direct.get(x, True) and direct \
                     and not is_gemm
+            if x.creator_node is None:
+                leaves[x] = None
+            else:
+                add_cand(x.creator_node)
+
+    def _step_matmul(self, func, targets, inputs, out_grad, alpha, origins,
+                     direct, grads, add_cand, leaves, hooks_base):
+        """:meth:`_step` for a GEMM of two activations: the entering
+        gradient checked (and guarded) as a layer GEMM's, then one β per
+        input gradient from Algorithm 4 with the other operand as W (each
+        :class:`~ada_loss.functions.matmul.OperandGradient` is the GEMM
+        the scaling rule sees), each gradient fitted by the guard on its
+        own and sent on at α·β_i."""
+        key = gemm_key(func)
+        host = not self.scales.on_device
+        views = {i: func.operand_gradient(i) for i in targets}
+        self.layers.extend(v.scale_key for v in views.values())
+        check = self._check_entering if host else \
+            self._check_entering_on_device
+        out_grad, alpha = check(func, key, out_grad, alpha, origins)
+        if direct:
+            self.loss_gradient(func, out_grad[0].array, alpha)
+        out_grad = (func.quantize_grad_output(out_grad[0]),)
+        g = out_grad[0].array
+        betas = {i: self.gemm_scale(v, v.gemm_weight(), g, alpha)
+                 for i, v in views.items()}
+        self._check_backward(func)
+        hooks = hooks_base
+        if func._n_local_function_hooks:
+            local = collections.OrderedDict(chainer.get_function_hooks())
+            local.update(func.local_function_hooks)
+            hooks = local.values()
+        in_data = tuple(x.data for x in inputs)
+        out_arrays = (g,)
+        for hook in hooks:
+            if hasattr(hook, 'scaled_backward_preprocess'):
+                hook.scaled_backward_preprocess(func, in_data, out_arrays,
+                                                betas)
+            else:
+                hook.backward_preprocess(func, in_data, out_arrays)
+        fit = self.guard
+        gxs, produced = func.backward_scaled(
+            targets, out_grad, input_scales=betas, fit_input_grad=fit)
+        for hook in hooks:
+            hook.backward_postprocess(func, in_data, out_arrays)
+        self.uses.append(GemmUse(key, alpha, origins, ()))
+        for i, gx in zip(targets, gxs):
+            beta, got = betas[i], produced[i]
+            view_key = views[i].scale_key
+            if fit and not host and got is not beta:
+                self._pending.append(('out', view_key, beta, got, got))
+                beta = got
+            elif fit and host and got != beta:
+                self._guarded[(view_key, 'out')] = int(round(math.log2(
+                    beta / got)))
+                beta = got
+            self.gemm_records[view_key] = (alpha, beta)
+            scale = self.scales.product(alpha, beta)
+            if self.observe is not None:
+                self.observe(views[i], {0: gx.array}, [scale])
+            if gx is None or gx.raw_array is None:
+                continue
+            x = inputs[i]
+            grads.setdefault(x, []).append((gx, scale))
+            if x.creator_node is not None:
+                self._origin[x] = self._origin.get(x, frozenset()) | \
+                    frozenset((view_key,))
+            if self.loss_gradient is not None:
+                self._direct[x] = False
             if x.creator_node is None:
                 leaves[x] = None
             else:

@@ -58,7 +58,8 @@ from ada_loss.analysis import grad_stats
 from ada_loss.analysis.observing import (
     ObservationsWriter, ObservingLossScaling)
 from ada_loss.analysis.recorder import GradientRecorder
-from ada_loss.functions.gemm import GemmFunction
+from ada_loss.functions.gemm import GemmFunction, GemmSettings
+from ada_loss.functions.matmul import MatMulFunction
 from ada_loss.loss_scale import gemm as G
 
 #: Column order of the probe's CSV.
@@ -110,18 +111,19 @@ class GemmProbe(chainer.FunctionHook):
     # -- seeing the unrounded gradient ------------------------------------
     def __enter__(self):
         probe = self
-        original = GemmFunction.quantize_grad_output
+        # every scale-aware GEMM node: the layer GEMMs and attention's
+        original = GemmSettings.quantize_grad_output
         self._saved_q = original
 
         def quantize_grad_output(func, gy):
             if gy is not None and getattr(gy, '_ada_quantized', None) is None:
                 probe._raw[id(func)] = gy.array
             return original(func, gy)
-        GemmFunction.quantize_grad_output = quantize_grad_output
+        GemmSettings.quantize_grad_output = quantize_grad_output
         return super(GemmProbe, self).__enter__()
 
     def __exit__(self, *args):
-        GemmFunction.quantize_grad_output = self._saved_q
+        GemmSettings.quantize_grad_output = self._saved_q
         self._raw = {}
         return super(GemmProbe, self).__exit__(*args)
 
@@ -135,7 +137,13 @@ class GemmProbe(chainer.FunctionHook):
                                    input_scale, fits=True):
         """What the ⟨α, δ⟩ backward calls for a GEMM node, with the β its
         input gradient is computed at (and whose weight gradient it fits
-        into the format: ``fits``)."""
+        into the format: ``fits``). For a GEMM of two activations
+        (attention's) ``input_scale`` is {input index: β}, and each input
+        gradient gets its own row (:meth:`_matmul_rows`)."""
+        if isinstance(function, MatMulFunction) and out_grad[0] is not None \
+                and function.grad_format is not None:
+            self._matmul_rows(function, out_grad[0], input_scale)
+            return
         if not isinstance(function, GemmFunction) or out_grad[0] is None \
                 or function.grad_format is None:
             return
@@ -196,6 +204,66 @@ class GemmProbe(chainer.FunctionHook):
         # (0.0 - x, not -x: a shift of 0 is written 0, not -0)
         row['k'] = 0.0 - math.log2(float(applied)) if fits else 0.0
         self.pending.append(row)
+
+    def _matmul_rows(self, function, gy_in, scales):
+        """One row per input gradient of an activation × activation GEMM,
+        named by its operand's key (``<layer>:a``, ``<layer>:b``): the
+        entering gradient's ``uf_in`` (shared by both), and for each
+        gradient β, ``uf_out``/``of_out``/``peak``, the bounds'
+        predictions and ``err_x``; no weight gradient (``k``, ``uf_w``,
+        ``err_w`` NaN)."""
+        fmt = function.grad_format
+        raw = self._raw.pop(id(function), gy_in)
+        gy = fmt.quantize(raw)
+        if not isinstance(scales, dict):     # Chainer's backward: all 1
+            scales = {0: scales, 1: scales}
+        peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
+        shared = {'uf_in': _nonzero_lost(raw, gy),
+                  'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
+                  'headroom_in_log2': (math.log2(fmt.u_max / peak_in)
+                                       if peak_in > 0 else float('nan')),
+                  'log2_hist': grad_stats.exponent_histogram(raw),
+                  'k': float('nan'), 'uf_w': float('nan'),
+                  'err_w': float('nan')}
+        for i in sorted(scales):
+            view = function.operand_gradient(i)
+            key = view.scale_key
+            lid = self.layer_ids.setdefault(key, len(self.layer_ids))
+            W = view.gemm_weight()
+            beta = float(scales[i])
+            with _without_grad_rounding(function), \
+                    chainer.no_backprop_mode():
+                (gx,), _ = function.backward_scaled(
+                    (i,), (chainer.Variable(gy),))
+                (gx_ref,), _ = function.backward_scaled(
+                    (i,), (chainer.Variable(raw),))
+            gx = gx.array
+            bgx = gx * numpy.float32(beta)
+            q = fmt.quantize(bgx)
+            peak = float(numpy.abs(bgx).max()) if bgx.size else 0.0
+            row = dict(shared, layer_id=lid, layer=key, beta=beta,
+                       uf_out=_nonzero_lost(bgx, q),
+                       of_out=float((numpy.abs(bgx) > fmt.u_max).mean()),
+                       peak=peak,
+                       headroom_log2=(math.log2(fmt.u_max / peak)
+                                      if peak > 0 else float('nan')),
+                       err_x=_relative_error(q / numpy.float32(beta),
+                                             gx_ref.array))
+            for b in G.BOUNDS:
+                _, upper = G.gemm_scale_bounds(W, gy, self.t_uf, fmt, b,
+                                               G.bound_gain(view, W, b))
+                row['pred_' + b] = (beta * fmt.u_max / upper
+                                    if upper else float('nan'))
+            if self.bound is not None:
+                lower, upper = G.gemm_scale_bounds(
+                    W, gy, self.t_uf, fmt, self.bound,
+                    G.bound_gain(view, W, self.bound))
+                row.update(lower=lower, upper=upper,
+                           set_by=set_by(lower, upper))
+            else:
+                row.update(lower=float('nan'), upper=float('nan'),
+                           set_by='')
+            self.pending.append(row)
 
     def backward_postprocess(self, function, in_data, out_grad):
         self._raw.pop(id(function), None)   # Chainer's backward rounds late

@@ -256,32 +256,20 @@ GemmGrads = collections.namedtuple(
     'GemmGrads', ('grads', 'input_grad_scale', 'weight_grad_scale'))
 
 
-class GemmFunction(object):
-    """Mixin of the forward node of a GEMM layer (Linear, Conv, Deconv).
-
-    Settings (constructor arguments, see :meth:`_init_gemm`):
+class GemmSettings(object):
+    """What every scale-aware GEMM node shares, a layer's GEMM
+    (:class:`GemmFunction`: activation × weight) or an activation ×
+    activation GEMM (:class:`ada_loss.functions.matmul.MatMulFunction`):
+    its layer name, the formats of an emulated precision, the scaled
+    recipe's state, and the rounding or cast of its incoming gradient.
 
     * ``scale_key`` names the layer (its path in the model, given by the
       link) so that loss-scale records and the update-interval cache of
       adaptive loss scaling are per layer;
     * ``formats``: (forward format, backward format) of an emulated
-      precision, or None. The caller rounds x, W, b to the forward format;
-      this node rounds its output to it, and in the backward rounds the
-      incoming gradient and every gradient it produces to the backward
-      format.
+      precision, or None;
     * ``scaling``: the layer's :class:`ada_loss.formats.recipe.GemmScaling`
-      under a scaled recipe (per-tensor FP8, MX), or None. The node casts x
-      and W along their forward reductions (:attr:`reduction_axes`) and
-      retains the high-precision ones; the backward casts gy (per tensor:
-      once, reusing the forward's x and W copies; MX: per GEMM, re-casting
-      W and x from high precision along the dgrad and wgrad reductions;
-      ``grad=loss``: once, unscaled, into the recipe's gradient element
-      format, :attr:`stored_grad_format`; NVFP4 and blockwise FP8 as MX,
-      and under NVFP4's RHT the wgrad GEMM runs on transformed operands:
-      :meth:`grad_weight_rht` of each node).
-
-    :meth:`backward` is Chainer's (every scale 1); the ⟨α, δ⟩ backward calls
-    :meth:`backward_scaled` with the layer-wise scales instead.
+      under a scaled recipe, or None.
     """
 
     scale_key = None
@@ -289,34 +277,11 @@ class GemmFunction(object):
     #: the layer's :class:`ada_loss.formats.recipe.GemmScaling` under a
     #: scaled recipe (per-tensor FP8, MX), or None
     scaling = None
-    #: axes of W the input-gradient GEMM sums over (see grad_input_gain)
-    grad_input_axes = None
-    #: the axes each operand is reduced over in the layer's three GEMMs
-    #: (MX blocks run along them): forward (x, W), dgrad (gy, W) and
-    #: wgrad (gy, x); set by each node type
-    reduction_axes = None
 
     def _init_gemm(self, scale_key=None, formats=None, scaling=None):
         self.scale_key = scale_key
         self.formats = None if formats is None else tuple(formats)
         self.scaling = scaling
-
-    def forward(self, inputs):
-        if self.scaling is None:
-            return super(GemmFunction, self).forward(inputs)
-        # A scaled recipe: the GEMM consumes x and W cast to the recipe's
-        # format (dequantized, FP32); the node's inputs, which it retains
-        # for the backward, stay the high-precision ones. The bias is not
-        # cast (TE adds it in high precision).
-        train = chainer.config.train
-        fwd_x, fwd_w = self.reduction_axes['fwd']
-        xq = self.scaling.quantize('x', inputs[0], fwd_x, record=train)
-        wq = self.scaling.quantize('w', inputs[1], fwd_w, record=train)
-        if self.scaling.per_tensor:
-            # the backward GEMMs use the same copies (TE's transposed FP8
-            # copies hold the same values: one scale per tensor)
-            self._forward_copies = (xq, wq)
-        return super(GemmFunction, self).forward((xq, wq) + inputs[2:])
 
     @property
     def grad_format(self):
@@ -357,6 +322,59 @@ class GemmFunction(object):
         q._ada_quantized = marker   # idempotent: not rounded twice
         q._ada_source = gy          # the high-precision gradient
         return q
+
+
+class GemmFunction(GemmSettings):
+    """Mixin of the forward node of a GEMM layer (Linear, Conv, Deconv).
+
+    Settings (constructor arguments, see :meth:`_init_gemm`):
+
+    * ``scale_key`` names the layer (its path in the model, given by the
+      link) so that loss-scale records and the update-interval cache of
+      adaptive loss scaling are per layer;
+    * ``formats``: (forward format, backward format) of an emulated
+      precision, or None. The caller rounds x, W, b to the forward format;
+      this node rounds its output to it, and in the backward rounds the
+      incoming gradient and every gradient it produces to the backward
+      format.
+    * ``scaling``: the layer's :class:`ada_loss.formats.recipe.GemmScaling`
+      under a scaled recipe (per-tensor FP8, MX), or None. The node casts x
+      and W along their forward reductions (:attr:`reduction_axes`) and
+      retains the high-precision ones; the backward casts gy (per tensor:
+      once, reusing the forward's x and W copies; MX: per GEMM, re-casting
+      W and x from high precision along the dgrad and wgrad reductions;
+      ``grad=loss``: once, unscaled, into the recipe's gradient element
+      format, :attr:`stored_grad_format`; NVFP4 and blockwise FP8 as MX,
+      and under NVFP4's RHT the wgrad GEMM runs on transformed operands:
+      :meth:`grad_weight_rht` of each node).
+
+    :meth:`backward` is Chainer's (every scale 1); the ⟨α, δ⟩ backward calls
+    :meth:`backward_scaled` with the layer-wise scales instead.
+    """
+
+    #: axes of W the input-gradient GEMM sums over (see grad_input_gain)
+    grad_input_axes = None
+    #: the axes each operand is reduced over in the layer's three GEMMs
+    #: (MX blocks run along them): forward (x, W), dgrad (gy, W) and
+    #: wgrad (gy, x); set by each node type
+    reduction_axes = None
+
+    def forward(self, inputs):
+        if self.scaling is None:
+            return super(GemmFunction, self).forward(inputs)
+        # A scaled recipe: the GEMM consumes x and W cast to the recipe's
+        # format (dequantized, FP32); the node's inputs, which it retains
+        # for the backward, stay the high-precision ones. The bias is not
+        # cast (TE adds it in high precision).
+        train = chainer.config.train
+        fwd_x, fwd_w = self.reduction_axes['fwd']
+        xq = self.scaling.quantize('x', inputs[0], fwd_x, record=train)
+        wq = self.scaling.quantize('w', inputs[1], fwd_w, record=train)
+        if self.scaling.per_tensor:
+            # the backward GEMMs use the same copies (TE's transposed FP8
+            # copies hold the same values: one scale per tensor)
+            self._forward_copies = (xq, wq)
+        return super(GemmFunction, self).forward((xq, wq) + inputs[2:])
 
     def gemm_weight(self):
         """The weight array W used by this GEMM (Algorithm 4)."""

@@ -120,6 +120,63 @@ class Deconvolution2D(_GemmLink, L.Deconvolution2D):
             formats=self.gemm_formats, scaling=self.gemm_scaling)
 
 
+class MatMul(_GemmLink, chainer.Link):
+    """A GEMM of two activations, ``a @ b`` over the last two axes
+    (attention's Q·Kᵀ and P·V), as a link with no parameter: it gives the
+    GEMM a name (``scale_key``, its path) and takes a precision's formats
+    and recipe state like the layer links, through
+    :func:`ada_loss.functions.matmul.matmul`.
+
+    Args:
+        stat_axis: None (Algorithm 4's statistics over the whole tensors)
+            or the axis of the heads (every head meets T_uf; docs/modes.md).
+        keep_format: None, or a format name (``'bfloat16'``, ``'float32'``)
+            this GEMM keeps whatever the precision
+            (:func:`ada_loss.training.apply_precision`): attention in
+            higher precision, as Transformer Engine's NVFP4 recipe has it.
+    """
+
+    def __init__(self, stat_axis=None, keep_format=None):
+        super(MatMul, self).__init__()
+        self.stat_axis = stat_axis
+        self.keep_format = keep_format
+
+    def forward(self, a, b):
+        fmt = None if self.gemm_formats is None else self.gemm_formats[0]
+        return functions.matmul(
+            functions.quantize(a, fmt), functions.quantize(b, fmt),
+            scale_key=self.scale_key, formats=self.gemm_formats,
+            scaling=self.gemm_scaling, stat_axis=self.stat_axis)
+
+
+class TiedLinear(_GemmLink, chainer.Link):
+    """A Linear layer without bias on another link's weight: ``x · Wᵀ``
+    with W the ``W`` of ``owner`` (weight tying: a GPT's readout on its
+    token embedding, W of shape (vocab, width)). A GEMM link with no
+    parameter of its own, so W is serialized and optimized once, as the
+    owner's; in the ⟨α, δ⟩ backward W's gradient sums the owner's use and
+    this one's, rescaled to one α by Algorithm 5 where they meet at the
+    leaf. The owner is held outside Chainer's link tree (not a child)."""
+
+    def __init__(self, owner):
+        super(TiedLinear, self).__init__()
+        if getattr(owner, 'W', None) is None:
+            raise ValueError('TiedLinear needs a link with a weight W, got '
+                             '{}'.format(type(owner).__name__))
+        self._owner = [owner]     # a list: not registered as a child
+
+    @property
+    def W(self):
+        return self._owner[0].W
+
+    def forward(self, x, n_batch_axes=1):
+        fmt = None if self.gemm_formats is None else self.gemm_formats[0]
+        return functions.linear(
+            functions.quantize(x, fmt), functions.quantize(self.W, fmt),
+            n_batch_axes=n_batch_axes, scale_key=self.scale_key,
+            formats=self.gemm_formats, scaling=self.gemm_scaling)
+
+
 #: Chainer GEMM link type -> its ada_loss counterpart.
 GEMM_LINK_TYPES = {
     L.Linear: Linear,

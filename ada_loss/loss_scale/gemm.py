@@ -244,8 +244,16 @@ def check_bound(bound):
     return bound
 
 
+def _group_second(a, axis):
+    """E[a²] over every axis but ``axis``: one value per group (float64)."""
+    xp = _xp(a)
+    a = a.astype(numpy.float64)
+    axes = tuple(i for i in range(a.ndim) if i != axis % a.ndim)
+    return xp.mean(a * a, axis=axes)
+
+
 def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16', bound='product',
-                      gain=None):
+                      gain=None, group_axis=None):
     """Raw (lower, upper) bounds of §3.2.1/§3.2.3 before post-processing.
 
     Args:
@@ -253,6 +261,14 @@ def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16', bound='product',
             :func:`grad_input_gain`), ``'fan_in'`` (the product bound
             divided by :func:`reference_fan`) or ``'gauss'`` (needs ``gain =
             (grad_input_gain, grad_input_gain_l2)``, see :func:`bound_gain`).
+
+        group_axis: None (the statistics of the whole tensors, the paper's)
+            or an axis of both W and g (the heads of a batched attention
+            GEMM): σ_p per group, and the lower bound of the group with the
+            smallest nonzero σ_p, so that every group meets T_uf (*not in
+            the paper*; docs/modes.md, "Attention's activation ×
+            activation GEMMs"). The upper bounds are maxima over the whole
+            tensors either way.
 
     Returns ``lower = None`` when σ_p = 0 (W or g all zero) and
     ``upper = None`` when the bound's denominator is 0 (no overflow possible).
@@ -264,6 +280,11 @@ def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16', bound='product',
     w2, w_max = _moments(W)
     g2, g_max = _moments(g)
     sigma_p = math.sqrt(w2 * g2)
+    if group_axis is not None and sigma_p > 0:
+        per_group = _group_second(W, group_axis) * _group_second(
+            g, group_axis)
+        per_group = per_group[per_group > 0]
+        sigma_p = math.sqrt(float(per_group.min()))
     lower = (f.u_min / (sigma_p * math.sqrt(2.0) * erfinv(t_uf))
              if sigma_p > 0 else None)
     if bound == 'output':
@@ -288,7 +309,7 @@ def gemm_scale_bounds(W, g, t_uf=1e-3, fmt='float16', bound='product',
 
 
 def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', bound='product',
-                    gain=None, max_scale=None):
+                    gain=None, max_scale=None, group_axis=None):
     """Loss scale β of one GEMM layer: Algorithm 4 plus §3.2.3.
 
     Args:
@@ -300,12 +321,14 @@ def gemm_loss_scale(W, g, t_uf=1e-3, fmt='float16', bound='product',
         bound (str), gain (float): the overflow bound (module docstring);
             ``'product'``, the paper's, by default here.
         max_scale (float or None): *not in the paper*: cap on β.
+        group_axis: see :func:`gemm_scale_bounds`.
 
     Returns:
         float: a power of two. 1 when σ_p = 0 or the statistics are not
         finite (a non-finite gradient; that step is skipped anyway).
     """
-    lower, upper = gemm_scale_bounds(W, g, t_uf, fmt, bound, gain)
+    lower, upper = gemm_scale_bounds(W, g, t_uf, fmt, bound, gain,
+                                     group_axis)
     if lower is None or not math.isfinite(lower):
         return 1.0
     beta = max(lower, 1.0)

@@ -9,6 +9,9 @@ float16, BN parameters float32, and a float16 input gives float16 logits).
 * ImageNet ResNet-18/50 (He et al. 2016, Table 1; ResNet-50 is v1.5).
 * :class:`SmallCNN` for fast tests, :class:`PlainConvNet` (no BN) for
   gradient-underflow measurements.
+* :class:`GPT`, a decoder-only transformer (nanoGPT's model; token ids in,
+  logits out, :func:`lm_loss`); not in :data:`MODELS`, whose models
+  classify images (docs/transformer.md).
 """
 from ada_loss.models.cifar_resnet import (  # NOQA
     CifarResNet, build_cifar_resnet, cifar_resnet_num_params, resnet20,
@@ -16,6 +19,7 @@ from ada_loss.models.cifar_resnet import (  # NOQA
 from ada_loss.models.imagenet_resnet import (  # NOQA
     ImageNetResNet, Bottleneck, build_imagenet_resnet, resnet18, resnet50)
 from ada_loss.models.small_cnn import PlainConvNet, SmallCNN  # NOQA
+from ada_loss.models.gpt import GPT, lm_accuracy, lm_loss  # NOQA
 
 
 def _small_cnn(num_classes=10, **kwargs):

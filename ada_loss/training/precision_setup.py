@@ -13,7 +13,10 @@ def apply_precision(model, precision, seed=0):
     :mod:`ada_loss.links` counterpart in place (as :class:`AdaLossScaled`
     does) with ``gemm_formats`` set, and for a scaled precision
     ``gemm_scaling`` (a fresh state per layer); for float32 and mixed16
-    both are cleared. In mixed16 every ``chainer.links.BatchNormalization`` also
+    both are cleared. A GEMM link with a ``keep_format`` (attention's
+    :class:`ada_loss.links.MatMul` in a GPT built with
+    ``attention_format``) keeps that format in both passes and no recipe
+    cast whatever the precision (FP16 in mixed16 storage). In mixed16 every ``chainer.links.BatchNormalization`` also
     becomes :class:`ada_loss.links.BatchNormalization` (Chainer's results,
     faster on float16 NumPy arrays; see
     :mod:`ada_loss.functions.fp16_elementwise`). Returns the paths of the
@@ -41,7 +44,15 @@ def apply_precision(model, precision, seed=0):
             continue
         if as_gemm_link(link):
             name = path.lstrip('/')
-            if name in bf16:
+            keep = getattr(link, 'keep_format', None)
+            if keep is not None:
+                # a GEMM kept in a higher precision whatever the precision
+                # (attention: ada_loss.links.MatMul(keep_format=...))
+                fmt = get_format(keep)
+                link.gemm_formats = None if fmt.is_float32 or \
+                    parsed.storage == 'mixed16' else (fmt, fmt)
+                link.gemm_scaling = None
+            elif name in bf16:
                 # a layer the recipe keeps in BF16 (NVFP4's first and last
                 # layers): as the bf16 precision, no scaled cast
                 link.gemm_formats = (get_format('bfloat16'),) * 2

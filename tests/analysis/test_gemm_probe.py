@@ -115,3 +115,45 @@ def test_probe_of_adaptive_records_beta_and_restores_the_class():
 
 def test_probe_hook_alone_is_a_function_hook():
     assert isinstance(GemmProbe(), chainer.FunctionHook)
+
+
+def test_probe_sees_the_attention_gemms_of_a_tiny_gpt():
+    """A tiny GPT in E4M3 under adaptive: every GEMM gets a row, attention's
+    two activation × activation GEMMs one per input gradient (``:a``,
+    ``:b``), with the β and α the pass used, the entering gradient's flush
+    share shared by both operands, and the output bound's guarantee holding
+    for each attention gradient (its gain sums the right axis)."""
+    from ada_loss.models.gpt import GPT, lm_loss
+    np.random.seed(0)
+    model = GPT(13, n_layer=1, n_head=2, n_embd=16, block_size=8)
+    apply_precision(model, 'fp8_e4m3')
+    rng = np.random.RandomState(1)
+    x = rng.randint(0, 13, (3, 8)).astype(np.int32)
+    t = rng.randint(0, 13, (3, 8)).astype(np.int32)
+    inner = make_loss_scaling('adaptive', 'fp8_e4m3')
+    scaling = ProbingLossScaling(inner, 'adaptive', every=1, bound='output')
+    scaling.bind(model)
+    model.cleargrads()
+    scaling.backward(lm_loss(model(x), t))
+    rows = {r['layer']: r for r in scaling.records}
+    attn = ['blocks/0/attn/{}:{}'.format(g, o) for g in ('qk', 'pv')
+            for o in 'ab']
+    assert set(attn) <= set(rows)
+    assert {'blocks/0/attn/c_attn', 'blocks/0/mlp/c_fc', 'lm_head'} <= set(
+        rows)
+    betas, alphas = inner.ada.layer_scales(), inner.ada.loss_scales()
+    for k in attn:
+        r = rows[k]
+        assert r['beta'] == betas[k] and r['alpha'] == alphas[k]
+        assert 0 <= r['uf_in'] <= 1 and r['of_in'] == 0
+        assert r['pred_output'] >= r['peak'] * (1 - 1e-6)
+        assert r['err_x'] < 0.5 and math.isnan(r['err_w'])
+    for g in ('qk', 'pv'):
+        a, b = rows['blocks/0/attn/{}:a'.format(g)], rows[
+            'blocks/0/attn/{}:b'.format(g)]
+        assert a['uf_in'] == b['uf_in']
+    # P·V's entering gradient is c_proj's input gradient, rounded to E4M3
+    # already where c_proj produced it (its uf_out): nothing more flushes
+    assert rows['blocks/0/attn/pv:a']['uf_in'] == 0
+    # Q·Kᵀ's is the softmax backward's FP32 result: rounded here
+    assert rows['blocks/0/attn/qk:a']['log2_hist']
