@@ -10,7 +10,8 @@ A FOLDER is a table folder: ``table1.md`` and/or ``table4.md``, with the
 runs in ``<precision>/<run>/run.json`` (the per-run files, read first)
 and/or ``results.json`` (``{"precision|model|mode": [run, ...]}``; where
 both are there, results.json says which runs the tables gathered and each
-of its runs is checked against its run.json). Each cell that differs is
+of its runs is checked against its run.json, and its ``config_sha256``
+against the run's config.yaml). Each cell that differs is
 printed (file, table, row, column, printed and recomputed); the exit status
 is 1 if any differs, 2 on bad input, else 0, with the number of cells
 checked.
@@ -31,12 +32,15 @@ null; a run *ended* when its status is ``finished`` or ``diverged``):
   with a run on that seed whose runs on all other seeds (at least one) have
   an accuracy; the chosen one has the highest mean over the other seeds
   (a tie: the smallest scale), and its run on this seed is scored; note
-  ' (S=a/b/...)', the chosen scale per seed in seed order. The means are of
-  ``final_val_accuracy`` where every candidate's runs on the other seeds
-  carry one (the validation split), else of the test accuracy. With a line
-  'The fixed scales were chosen on other seeds (FILE: ...)' in table1.md,
-  the scale is instead the one with the best mean in FILE (its scales with
-  an accuracy on every run), scored on every seed here;
+  ' (S=a/b/...)', the chosen scale per seed in seed order. The means and
+  the candidates' accuracies are of ``final_val_accuracy`` (the selection
+  split of the training images) where every finished fixed run of that
+  depth and precision recorded one, else of the test accuracy; the line
+  'The held-out fixed scales were chosen ...' must name each depth and
+  precision under the split this rule gives. With a line 'The fixed scales
+  were chosen on other seeds (FILE: ...)' in table1.md, the scale is
+  instead the one with the best mean in FILE (by the same rule, over its
+  scales with an accuracy on every run), scored on every seed here;
 * paired tables (rows: depth, precision, method; compared with the held-out
   fixed scale, or for a ``grad=loss`` precision the same precision without
   it in mode none ('Recipe'), or for a precision with options the name
@@ -44,7 +48,8 @@ null; a run *ended* when its status is ``finished`` or ``diverged``):
   with options its name alone in the same precision ('Mode default')):
   *pairs dropped* = the differences over the seeds where both runs have an
   accuracy; *diverged at chance* = over the seeds where both ended, a run
-  without an accuracy scored at 10 points (chance, ten classes). Text
+  without an accuracy scored at chance (10 points: ten classes, as in
+  Fashion-MNIST and CIFAR-10; ``--chance`` for another). Text
   '+m ± h (n=N)', h the half-width of the 95 % Student t interval
   (t_{0.975, N−1} · sd / √N), '+m (n=1)', '–' for none. verdict: ahead /
   behind / level as the interval lies above / below / across 0 ('n < 2'
@@ -52,19 +57,27 @@ null; a run *ended* when its status is ``finished`` or ``diverged``):
   in tables that have no chance column: the earlier format); Holm: the
   two-sided one-sample t-test p-values of the chance-scored differences of
   the table's rows with N ≥ 2, Holm's step-down at 0.05, a rejected row
-  'ahead' or 'behind' by its mean's sign, else 'level'; ahead: 'k/N' seeds
-  with a positive difference;
+  'ahead' or 'behind' by its mean's sign, else 'level' ('—' for N < 2);
+  ahead: 'k/N' seeds with a positive difference; a row with no pair says
+  'no seed where both ended';
 * robustness: per depth, precision and mode, k/n over the runs that ended,
   k counting those without an accuracy or more than 20 points below the
   FP32 run of the same seed (below the FP32 mean where that seed has
-  none), with Wilson's 95 % interval '(lo–hi %)';
-* table4.md: a cell of runs per fixed scale.
+  none), with Wilson's 95 % interval '(lo–hi %)'; the held-out fixed
+  scale has a row of its own ('Fixed (held-out)');
+* table4.md: a cell of runs per fixed scale;
+* 'Commits of the pooled runs': the runs counted by ``git_commit`` (its
+  first 10 characters, 'unknown' where null).
+
+Rows and columns are checked too: a comparison the runs make with no row,
+a row or column with no runs.
 
 A printed number matches when it is the recomputed one rounded to the
 printed decimals (1e-9 of slack at a rounding tie: the two codes may sum
 in another order); every other character must be equal.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -86,6 +99,9 @@ ALPHA = 0.05
 LABELS = {'fp32': 'FP32', 'none': 'None', 'dynamic': 'Dynamic',
           'adaptive': 'Adaptive', 'amax': 'Amax'}
 DASHES = ('—', '–', '-')
+#: slack at a rounding tie: the two codes may add in another order (a
+#: difference near 1e-14 here), far below a changed last digit
+TIE = 1e-9
 
 
 class BadInput(Exception):
@@ -149,7 +165,7 @@ def load_runs(folder):
                 key = (r['precision'], r['model'], r['mode'], r['seed'])
             except KeyError as e:
                 raise BadInput('{}: no {} in it'.format(path, e))
-            from_files[key] = r
+            from_files[key] = dict(r, _folder=os.path.dirname(path))
     notes, bad = [], []
     path = os.path.join(folder, 'results.json')
     if not os.path.isfile(path):
@@ -184,6 +200,11 @@ def load_runs(folder):
                     bad.append(('results.json', text, 'seed {} {}'.format(
                         r['seed'], field), repr(r.get(field)),
                         repr(own.get(field)) + ' (run.json)'))
+            digest = config_sha256(own['_folder'])
+            if r.get('config_sha256') and r['config_sha256'] != digest:
+                bad.append(('results.json', text, 'seed {} config_sha256'
+                            .format(r['seed']), r['config_sha256'],
+                            '{} (sha256 of its config.yaml)'.format(digest)))
             runs.setdefault(key, []).append(own)
     used = sum(len(v) for v in runs.values()) - only_pooled
     notes.append('{} runs: {} from run.json, {} from results.json alone'
@@ -196,6 +217,15 @@ def load_runs(folder):
                              sorted(from_files, key=str)[:4])
                          + (', …' if len(from_files) > 4 else '')))
     return runs, notes, bad
+
+
+def config_sha256(run_folder):
+    """The SHA-256 of a run folder's config.yaml, or None (none there)."""
+    path = os.path.join(run_folder, 'config.yaml')
+    if not os.path.isfile(path):
+        return None
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def lookup(runs, precision, model, mode):
@@ -298,7 +328,7 @@ def same(printed, expected):
             continue
         d = _decimals(t)
         if _decimals(g) != d or abs(float(g) - raw) > \
-                0.5 * 10 ** -d + 1e-9 * max(1.0, abs(raw)):
+                0.5 * 10 ** -d + TIE:
             return False
     return True
 
@@ -330,22 +360,22 @@ def runs_cell(rs, note=''):
     return t
 
 
-def differences(mine, theirs):
+def differences(mine, theirs, chance=CHANCE):
     """(pairs dropped, diverged at chance): the paired differences in
     points, seed by seed, of {seed: run} against {seed: run}; the first over
     the seeds where both have an accuracy, the second over those where both
-    ended, a run without an accuracy scored at :data:`CHANCE`."""
+    ended, a run without an accuracy scored at ``chance`` (points)."""
     def scored(run):
         a = points(run)
-        return CHANCE if a is None else a
-    dropped, chance = [], []
+        return chance if a is None else a
+    dropped, at_chance = [], []
     for seed in sorted(mine):
         a, b = mine[seed], theirs.get(seed)
         if points(a) is not None and points(b) is not None:
             dropped.append(points(a) - points(b))
         if ended(a) and ended(b):
-            chance.append(scored(a) - scored(b))
-    return dropped, chance
+            at_chance.append(scored(a) - scored(b))
+    return dropped, at_chance
 
 
 def interval(diffs):
@@ -424,26 +454,33 @@ def best_fixed(runs, precision, model):
     return (best[1], best[2]) if best else (None, None)
 
 
-def _choose(candidates):
-    """The mode of the best mean of ``candidates`` ([(mode, [runs])], every
-    run with a test accuracy, ascending): on validation accuracy where every
-    run has one, else on test accuracy; and which it was."""
-    field = 'final_val_accuracy' if all(
-        points(r, 'final_val_accuracy') is not None
-        for _, rs in candidates for r in rs) else 'final_test_accuracy'
+def split_of(rs):
+    """The run.json key a fixed scale is chosen on, from all fixed runs of
+    one depth and precision (``rs``): ``final_val_accuracy`` (the selection
+    split of the training images) where every finished one recorded it,
+    else ``final_test_accuracy``."""
+    done = [r for r in rs if r.get('status') == FINISHED]
+    if done and all(r.get('final_val_accuracy') is not None for r in done):
+        return 'final_val_accuracy'
+    return 'final_test_accuracy'
+
+
+def _best(candidates, field):
+    """The mode of the best mean ``field`` of ``candidates`` ([(mode,
+    [runs])], ascending: a tie keeps the smaller scale)."""
     best = None
     for mode, rs in candidates:
         mean = float(numpy.mean([points(r, field) for r in rs]))
         if best is None or mean > best[0]:
             best = (mean, mode)
-    return best[1], field
+    return best[1]
 
 
 def held_out(runs, precision, model, elsewhere=None):
-    """({seed: scored run}, {seed: scale text}, {fields chosen on}) of the
+    """({seed: scored run}, {seed: scale text}, the key chosen on) of the
     fixed scale chosen without the seed it is scored on, or with
     ``elsewhere`` ({(precision, model): scale text}) that scale on every
-    seed."""
+    seed (the key then None)."""
     sweep = fixed_sweep(runs, precision, model)
     if elsewhere is not None:
         scale = next((s for (p, m), s in elsewhere.items()
@@ -452,21 +489,21 @@ def held_out(runs, precision, model, elsewhere=None):
         if scale is not None and not seeds:
             seeds = next((rs for mode, rs in sweep
                           if scale_of(mode) == float(scale)), {})
-        return dict(seeds), {s: scale for s in seeds}, set()
-    scored, scales, fields = {}, {}, set()
+        return dict(seeds), {s: scale for s in seeds}, None
+    field = split_of([r for _, seeds in sweep for r in seeds.values()])
+    scored, scales = {}, {}
     for seed in sorted({s for _, seeds in sweep for s in seeds}):
         candidates = []
         for mode, seeds in sweep:
             others = [r for s, r in seeds.items() if s != seed]
             if seed in seeds and others and all(
-                    points(r) is not None for r in others):
+                    points(r, field) is not None for r in others):
                 candidates.append((mode, others))
         if candidates:
-            mode, field = _choose(candidates)
-            fields.add(field)
+            mode = _best(candidates, field)
             scored[seed] = dict(sweep)[mode][seed]
             scales[seed] = mode.split(':', 1)[1]
-    return scored, scales, fields
+    return scored, scales, field
 
 
 def chosen_elsewhere(path):
@@ -482,11 +519,12 @@ def chosen_elsewhere(path):
             sweep.setdefault((p, m), []).append((mode, rs))
     out = {}
     for key, modes in sweep.items():
+        field = split_of([r for _, rs in modes for r in rs])
         ok = [(mode, rs) for mode, rs in sorted(
             modes, key=lambda x: scale_of(x[0]))
-            if rs and all(points(r) is not None for r in rs)]
+            if rs and all(points(r, field) is not None for r in rs)]
         if ok:
-            out[key] = _choose(ok)[0].split(':', 1)[1]
+            out[key] = _best(ok, field).split(':', 1)[1]
     return out
 
 
@@ -544,16 +582,19 @@ class Checker(object):
     """The comparison of one folder's printed cells with the recomputed
     ones."""
 
-    def __init__(self, folder, runs, out=print, verbose=False):
+    def __init__(self, folder, runs, out=print, verbose=False,
+                 chance=CHANCE):
         self.folder, self.runs, self.out = folder, runs, out
+        self.chance = chance
         self.verbose = verbose
         self.checked, self.mismatches, self.unchecked = 0, [], []
-        self.fields = set()
         self.elsewhere = None
 
     def compare(self, where, row, column, printed, expected):
         self.checked += 1
-        if not same(printed, expected):
+        if printed is None:
+            self.mismatch(where, row, column, '(no such cell)', str(expected))
+        elif not same(printed, expected):
             self.mismatch(where, row, column, printed, str(expected))
 
     def mismatch(self, where, row, column, printed, recomputed):
@@ -569,10 +610,7 @@ class Checker(object):
                 where, row, column, why))
 
     def held(self, precision, model):
-        scored, scales, fields = held_out(self.runs, precision, model,
-                                          self.elsewhere)
-        self.fields |= fields
-        return scored, scales
+        return held_out(self.runs, precision, model, self.elsewhere)[:2]
 
     # table1.md's first table
     def main_table(self, where, header, rows):
@@ -709,7 +747,8 @@ class Checker(object):
                 self.mismatch(where, ' '.join(row[:3]), 'Method', mode,
                               '(no such comparison in the runs)')
                 continue
-            stats[i] = differences(mine, theirs) + (mine, theirs)
+            stats[i] = differences(mine, theirs, self.chance) + (mine,
+                                                                 theirs)
         pvalues = {i: interval(c)[4] for i, (_, c, _, _) in stats.items()
                    if len(c) >= 2}
         rejected = holm(pvalues)
@@ -741,19 +780,14 @@ class Checker(object):
             if new:
                 self.compare(where, name, header[cols['chance']],
                              cell('chance'), interval_text(iv))
-            if iv[3] is None:
-                self.skip(where, name, 'verdict', 'no pair')
-            else:
-                self.compare(where, name, 'verdict', cell('verdict'),
-                             Text(iv[3]))
+            self.compare(where, name, 'verdict', cell('verdict'), Text(
+                iv[3] or 'no seed where both ended'))
             if 'Holm' in cols:
-                if i in rejected:
-                    want = ('level' if not rejected[i] else
-                            'ahead' if iv[1] > 0 else 'behind')
-                    self.compare(where, name, 'Holm', cell('Holm'),
-                                 Text(want))
-                else:
-                    self.skip(where, name, 'Holm', 'fewer than 2 pairs')
+                # a row of fewer than two pairs makes no test: '—'
+                want = ('—' if i not in rejected else 'level'
+                        if not rejected[i] else 'ahead' if iv[1] > 0
+                        else 'behind')
+                self.compare(where, name, 'Holm', cell('Holm'), Text(want))
             self.compare(where, name, 'ahead', cell('ahead'), Text(
                 '{}/{}'.format(sum(d > 0 for d in basis), len(basis))))
         want = self.expected_rows(kind, models)
@@ -800,16 +834,29 @@ class Checker(object):
                 k += a is None or a < floor - COLLAPSE
             self.compare(where, name, header[j_rate], row[j_rate],
                          wilson_text(k, len(done)))
+        want = set()
         for (p, m, mode), rs in self.runs.items():
             if rs and m in models and p != 'float32' and \
-                    summary(lookup(self.runs, 'float32', m, 'fp32'))[0] \
-                    and (m, p, mode) not in seen:
-                self.mismatch(where, '{} {} {}'.format(m, p, mode), '*',
-                              '(no row)', 'a row (the runs have it)')
+                    summary(lookup(self.runs, 'float32', m, 'fp32'))[0]:
+                want.add((m, p, mode))
+                if self.held(p, m)[0]:
+                    # the scale the methods are compared with (issue 47)
+                    want.add((m, p, 'Fixed (held-out)'))
+        for key in sorted(want - seen):
+            if key[2] != 'Fixed (held-out)' or any(
+                    k[2].startswith('Fixed') for k in seen):
+                self.mismatch(where, ' '.join(key), '*', '(no row)',
+                              'a row (the runs have it)')
 
     def table4(self, where, header, rows):
+        known = {p for p, _, _ in self.runs}
+        seen = set()
         for row in rows:
             m, p = row[0], row[1]
+            seen.add((m, p))
+            if not any(same_spec(p, k) for k in known):
+                self.mismatch(where, '{} {}'.format(m, p), 'Precision', p,
+                              '(no runs of this precision)')
             for j in range(2, len(row)):
                 h = header[j] if j < len(header) else '?'
                 if not h.startswith('S='):
@@ -821,6 +868,13 @@ class Checker(object):
                         scale_of(mode), s, rel_tol=1e-5)), {})
                 self.compare(where, '{} {}'.format(m, p), h, row[j],
                              runs_cell(list(rs.values())))
+        models = {m for m, _ in seen}
+        for p, m, mode in sorted(self.runs):
+            if is_fixed(mode) and m in models and not any(
+                    mm == m and same_spec(pp, p) for mm, pp in seen):
+                self.mismatch(where, '{} {}'.format(m, p), '*', '(no row)',
+                              'a row (the runs have a fixed sweep)')
+                seen.add((m, p))
 
     def table1_file(self, path):
         text = open(path, encoding='utf-8').read()
@@ -872,9 +926,55 @@ class Checker(object):
             else:
                 for r in rows:
                     self.skip(where, ' '.join(r[:3]), '*', 'table not known')
+        self.split_note(where0, text, models)
+        self.commits_note(where0, text)
+
+    def split_note(self, where, text, models):
+        """The line saying which images chose the held-out scale of each
+        depth and precision: {'validation' or 'test': 'model precision'}."""
+        line = next((x for x in text.splitlines() if x.startswith(
+            'The held-out fixed scales were chosen ')), None)
+        want = {}
+        for (p, m, mode), rs in self.runs.items():
+            if is_fixed(mode) and rs and m in models:
+                field = split_of([r for _, seeds in fixed_sweep(
+                    self.runs, p, m) for r in seeds.values()])
+                want.setdefault(field.split('_')[1], set()).add(
+                    '{} {}'.format(m, p))
+        if line is None:
+            return
+        got = {}
+        for part in line[len('The held-out fixed scales were chosen '):
+                         ].rstrip('.').split('; '):
+            split = ('val' if part.startswith('on the selection split') else
+                     'test' if part.startswith('on the test images') else
+                     part)
+            got[split] = set(part.rpartition(' for ')[2].split(', '))
+        for split in sorted(set(want) | set(got)):
+            self.compare(where + ' [the split that chose]', split,
+                         'depth and precision',
+                         ', '.join(sorted(got.get(split, ()))),
+                         Text(', '.join(sorted(want.get(split, ())))))
+
+    def commits_note(self, where, text):
+        """The line naming the commits the pooled runs ran at, counted."""
+        line = next((x for x in text.splitlines() if x.startswith(
+            'Commits of the pooled runs: ')), None)
+        if line is None:
+            return
+        counts = {}
+        for rs in self.runs.values():
+            for r in rs:
+                c = (r.get('git_commit') or 'unknown')[:10]
+                counts[c] = counts.get(c, 0) + 1
+        self.compare(where + ' [commits]', 'Commits of the pooled runs',
+                     'commits', line, Text(
+                         'Commits of the pooled runs: {}.'.format(', '.join(
+                             '{} ({})'.format(c, n)
+                             for c, n in sorted(counts.items())))))
 
 
-def check_folder(folder, out=print, verbose=False):
+def check_folder(folder, out=print, verbose=False, chance=CHANCE):
     """The :class:`Checker` of one folder, after comparing every cell."""
     t1 = os.path.join(folder, 'table1.md')
     t4 = os.path.join(folder, 'table4.md')
@@ -884,7 +984,7 @@ def check_folder(folder, out=print, verbose=False):
         raise BadInput('{}: expected table1.md or table4.md in it'.format(
             folder))
     runs, notes, bad = load_runs(folder)
-    c = Checker(folder, runs, out, verbose)
+    c = Checker(folder, runs, out, verbose, chance)
     for b in bad:
         c.mismatch(*b)
     for n in notes:
@@ -894,9 +994,6 @@ def check_folder(folder, out=print, verbose=False):
     if os.path.isfile(t4):
         for title, header, rows in read_tables(t4):
             c.table4('table4.md', header, rows)
-    if c.fields:
-        out('note: the held-out fixed scales were chosen on {}'.format(
-            ' and '.join(sorted(f.split('_')[1] for f in c.fields))))
     return c
 
 
@@ -907,12 +1004,15 @@ def main(argv=None):
                     'run.json)')
     ap.add_argument('-v', '--verbose', action='store_true',
                     help='also list the cells left unchecked')
+    ap.add_argument('--chance', type=float, default=CHANCE,
+                    help='points a run without an accuracy is scored at '
+                    '(100 / classes; default %(default)g)')
     a = ap.parse_args(argv)
     status = 0
     for folder in a.folders:
         print('== {}'.format(folder))
         try:
-            c = check_folder(folder, verbose=a.verbose)
+            c = check_folder(folder, verbose=a.verbose, chance=a.chance)
         except BadInput as e:
             print('error: {}'.format(e), file=sys.stderr)
             return 2

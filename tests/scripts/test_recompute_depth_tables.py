@@ -1,15 +1,19 @@
 """scripts/recompute_depth_tables.py (issue 47): the depth study's tables
 recomputed from the per-run files by code that imports nothing of
 ada_loss — no mismatch on tables the study's own code wrote (synthetic runs
-and two committed folders), the planted one named, the earlier audit's
-chance-scored numbers reproduced."""
+with every kind of table, four committed folders in the format before and
+after issue 47, a table worked out by hand), each planted change named,
+the audit's chance-scored numbers reproduced."""
 import ast
+import contextlib
+import io
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -22,6 +26,7 @@ THIRD = os.path.join(ROOT, 'benchmarks', 'fp8_diagnosis', 'depth_grid3',
                      'third')
 GPU = os.path.join(ROOT, 'benchmarks', 'gpu_h100', 'round5', 'cpu_check',
                    'depth_gpu')
+SCRIPT_MODULE = load('scripts/recompute_depth_tables.py')
 
 MODELS = ['resnet20', 'resnet56']
 PRECISIONS = ['fp8_e4m3', 'fp8_e4m3:recipe=current,grad=loss',
@@ -30,19 +35,30 @@ PRECISIONS = ['fp8_e4m3', 'fp8_e4m3:recipe=current,grad=loss',
 MODES = ['none', 'dynamic', 'adaptive', 'adaptive:init_scale=amax',
          'adaptive:guard=false', 'amax']
 SCALES = [4, 16, 64]
+#: the precision whose runs recorded a selection split's accuracy
+VALIDATED = 'fp8_e4m3:recipe=current,grad=loss'
 SEEDS = [0, 1, 2, 3]
 
 
-def recompute(folder, *args):
-    """The script run as an audit would: ``python -I`` from another
-    folder, with ada_loss made unimportable."""
+def isolated(folder):
+    """The script run as an audit would: ``python -I`` from another folder,
+    with ada_loss made unimportable."""
     code = ('import runpy, sys; sys.modules["ada_loss"] = None; '
             'sys.argv = sys.argv[1:]; '
             'runpy.run_path(sys.argv[0], run_name="__main__")')
     return subprocess.run(
-        [sys.executable, '-I', '-c', code, SCRIPT, str(folder)] + list(args),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, '-I', '-c', code, SCRIPT, str(folder)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=os.path.dirname(str(folder)), timeout=120)
+
+
+def recompute(folder):
+    """(exit status, what it printed) of the script's main, in this
+    process (fast; :func:`isolated` runs it without ada_loss)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        status = SCRIPT_MODULE.main([str(folder)])
+    return types.SimpleNamespace(returncode=status, stdout=buf.getvalue())
 
 
 def synthetic_runs():
@@ -65,6 +81,10 @@ def synthetic_runs():
                        'final_test_accuracy': acc,
                        'skipped_steps': rng.choice([0, 0, 1, 3, 7]),
                        'precision': p, 'model': m, 'mode': mode})
+            if p == VALIDATED and acc is not None:
+                # the selection split (issue 47): another draw than test's
+                rs[-1]['final_val_accuracy'] = round(rng.uniform(0.5, 0.8),
+                                                     4)
         runs[(p, m, mode)] = rs
     for m in MODELS:
         add('float32', m, 'fp32')
@@ -106,8 +126,14 @@ def test_the_script_imports_nothing_of_ada_loss():
              for a in n.names]
     names += [n.module or '' for n in ast.walk(tree)
               if isinstance(n, ast.ImportFrom)]
-    assert names and not [n for n in names if n.split('.')[0] not in (
-        'argparse', 'json', 'math', 'os', 're', 'sys', 'numpy', 'scipy')]
+    allowed = ('argparse', 'hashlib', 'json', 'math', 'os', 're', 'sys',
+               'numpy', 'scipy')
+    assert names and not [n for n in names
+                          if n.split('.')[0] not in allowed]
+    # and runs where ada_loss cannot be imported, from another folder
+    out = isolated(GPU)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ' 0 mismatches, 0 cells left unchecked' in out.stdout
 
 
 def test_tables_written_by_the_study_check_out_and_a_plant_is_named(
@@ -119,6 +145,9 @@ def test_tables_written_by_the_study_check_out_and_a_plant_is_named(
                   '**Loss scaling inside the recipe', '**Each part of a '
                   'recipe', '**Each option of a mode', '**Robustness'):
         assert title in text
+    # one depth and precision chose on the selection split, the rest on test
+    assert 'on the selection split of the training images (data.val_size) ' \
+        'for resnet20 {0}, resnet56 {0};'.format(VALIDATED) in text
     out = recompute(folder)
     assert out.returncode == 0, out.stdout
     checked = int(out.stdout.split(' cells checked')[0].split()[-1])
@@ -172,25 +201,68 @@ def test_a_changed_run_is_found_in_the_cells_it_feeds(tmp_path):
             "'mean ± std (n)'") in out.stdout
 
 
-@pytest.mark.parametrize('folder', [THIRD, GPU])
-def test_committed_folders_check_out(folder, tmp_path):
+#: committed table folders and, for each, one paired row's verdict cells
+#: as printed and as planted: the third edition (and the fifth GPU round's
+#: CPU check) in the format before issue 47, and their re-print with both
+#: pairings and Holm
+PLANTS = [
+    (THIRD, '| -3.92 ± 2.95 (n=8) | behind | 0/8 |',
+     '| -3.92 ± 2.95 (n=8) | level | 0/8 |', 'verdict', 'level', 'behind'),
+    (GPU, '| -5.84 ± 3.25 (n=4) | behind | 0/4 |',
+     '| -5.84 ± 3.25 (n=4) | level | 0/4 |', 'verdict', 'level', 'behind'),
+    (THIRD + '_audit', '| -3.92 ± 2.95 (n=8) | behind | level | 0/8 |',
+     '| -3.92 ± 2.95 (n=8) | behind | behind | 0/8 |', 'Holm', 'behind',
+     'level'),
+    (os.path.join(os.path.dirname(THIRD), 'mixed16_confirm_audit'),
+     '| +1.39 ± 3.37 (n=8) | level | level | 6/8 |',
+     '| +1.39 ± 3.37 (n=8) | level | level | 7/8 |', 'ahead', '7/8', '6/8'),
+]
+
+
+@pytest.mark.parametrize('folder,row,planted,column,printed,recomputed',
+                         PLANTS, ids=['third', 'gpu_round5', 'third_audit',
+                                      'mixed16_confirm_audit'])
+def test_committed_folders_check_out(folder, row, planted, column, printed,
+                                     recomputed, tmp_path):
     out = recompute(folder)
     assert out.returncode == 0, out.stdout
     assert ' 0 mismatches, 0 cells left unchecked' in out.stdout
-    # a verdict of the paired tables planted
     copy = tmp_path / 'copy'
     shutil.copytree(folder, str(copy))
     text = (copy / 'table1.md').read_text()
-    row = ('| -5.84 ± 3.25 (n=4) | behind | 0/4 |' if folder == GPU else
-           '| -3.92 ± 2.95 (n=8) | behind | 0/8 |')
     assert text.count(row) == 1
-    (copy / 'table1.md').write_text(text.replace(
-        row, row.replace('behind', 'level')))
+    (copy / 'table1.md').write_text(text.replace(row, planted))
+    out = recompute(copy)
+    assert out.returncode == 1
+    assert out.stdout.count('MISMATCH') == 1, out.stdout
+    assert "column {!r}: printed {!r}, recomputed {!r}".format(
+        column, printed, recomputed) in out.stdout
+
+
+def test_a_run_folder_whose_config_is_not_the_one_pooled(tmp_path):
+    """results.json's config_sha256 (the config.yaml the table step read)
+    against the committed run folder's config.yaml."""
+    import hashlib
+    copy = tmp_path / 'copy'
+    shutil.copytree(GPU, str(copy))
+    results = json.loads((copy / 'results.json').read_text())
+    for key, rs in results.items():
+        precision, model, mode = key.split('|')
+        for r in rs:
+            run = copy / precision / '{}-fashion_mnist-{}-s{}'.format(
+                model, mode.replace(':', '_'), r['seed'])
+            r['config_sha256'] = hashlib.sha256(
+                (run / 'config.yaml').read_bytes()).hexdigest()
+    (copy / 'results.json').write_text(json.dumps(results))
+    assert recompute(copy).returncode == 0
+    config = copy / 'fp8_e4m3:recipe=current' / \
+        'resnet20-fashion_mnist-none-s2' / 'config.yaml'
+    config.write_text(config.read_text().replace('lr: 0.05', 'lr: 0.1'))
     out = recompute(copy)
     assert out.returncode == 1
     assert out.stdout.count('MISMATCH') == 1
-    assert "column 'verdict': printed 'level', recomputed 'behind'" \
-        in out.stdout
+    assert "MISMATCH results.json | row fp8_e4m3:recipe=current|resnet20|" \
+        "none | column 'seed 2 config_sha256'" in out.stdout
 
 
 def test_the_audit_numbers_diverged_runs_at_chance():
@@ -198,7 +270,7 @@ def test_the_audit_numbers_diverged_runs_at_chance():
     held-out fixed scale is −1.01 ± 5.52 (n=7) with the diverged pair
     dropped and +6.42 ± 18.16 (n=8) with it scored at chance; at depth 110
     dynamic's +6.29 becomes +2.56 and amax's +5.21 becomes +1.57."""
-    r = load('scripts/recompute_depth_tables.py')
+    r = SCRIPT_MODULE
     runs = r.load_runs(THIRD)[0]
 
     def both(model, mode):
@@ -223,7 +295,7 @@ NEW_FORMAT = """\
 
 | Depth | Precision | Method | Method | Fixed (held-out) | Method − Fixed (held-out), pairs dropped | Method − Fixed (held-out), diverged at chance | verdict | Holm | ahead |
 |---|---|---|---|---|---|---|---|---|---|
-| resnet20 | fp8_e4m3 | adaptive | 51.00 ± 10.54 (n=3) | 55.00 ± 7.07 (n=2, 1 diverged) | +1.50 ± 6.35 (n=2) | +11.00 ± 40.90 (n=3) | level | level | 3/3 |
+| resnet20 | fp8_e4m3 | adaptive | 51.00 ± 10.54 (n=3) | 55.00 ± 7.07 (n=2, 1 diverged) | +1.50 ± 6.35 (n=2) | +11.00 ± 40.89 (n=3) | level | level | 3/3 |
 """
 
 
@@ -235,9 +307,10 @@ def test_the_new_format_by_hand(tmp_path):
     which diverged: 55.00 ± 7.07 (n=2, 1 diverged). The best fixed scale
     is 16 (64 diverged once). adaptive 52/61/40: pairs dropped +2, +1:
     +1.50 ± t(0.975, 1) · 0.707 / √2 = 6.35; at chance +2, +1, 40 − 10 =
-    +30: mean 11, sd √271 = 16.46, ± t(0.975, 2) · 16.46 / √3 = 40.90,
-    level; Holm (one row, p = 0.37) level; 3 of 3 seeds ahead."""
-    r = load('scripts/recompute_depth_tables.py')
+    +30: mean 11, sd √271 = 16.46, ± t(0.975, 2) · 16.46 / √3 = 40.89,
+    level; Holm (one row, p = 0.37) level; 3 of 3 seeds ahead. The study's
+    own table code prints the same rows."""
+    r = SCRIPT_MODULE
 
     def rs(mode, accs):
         return [{'seed': s, 'status': 'finished' if a else 'diverged',
@@ -254,6 +327,14 @@ def test_the_new_format_by_hand(tmp_path):
     mine = r.by_seed(runs[('fp8_e4m3', 'resnet20', 'adaptive')])
     assert r.differences(mine, held) == (
         pytest.approx([2, 1]), pytest.approx([2, 1, 30]))
+    cfg = depth.STUDY.load_config(None, [
+        'table=new', 'grid.models=[resnet20]', 'grid.precisions=[fp8_e4m3]',
+        'grid.modes=[adaptive]', 'grid.fixed_scales=[16,64]',
+        'grid.seeds=[0,1,2]', 'study.fp32=false', 'study.fig4.run=false'])
+    rows = [line for line in NEW_FORMAT.splitlines()
+            if line.startswith('| resnet20 |')]
+    assert rows[0] in depth.table1(cfg, runs)
+    assert rows[1] in depth.paired(cfg, runs)
     folder = tmp_path / 'new'
     folder.mkdir()
     (folder / 'results.json').write_text(json.dumps(results))
@@ -261,20 +342,26 @@ def test_the_new_format_by_hand(tmp_path):
     out = recompute(folder)
     assert out.returncode == 0, out.stdout
     assert ' 0 mismatches, 0 cells left unchecked' in out.stdout
-    for good, bad in (('| +11.00 ± 40.90 (n=3) |', '| +11.00 ± 40.80 '
-                       '(n=3) |'),
-                      ('| level | level | 3/3 |', '| level | ahead | 3/3 |'),
-                      ('| level | level | 3/3 |', '| level | level | 2/3 |'),
-                      ('(S=16/16/64)', '(S=16/16/16)')):
+    for good, bad, column, printed in (
+            ('| +11.00 ± 40.89 (n=3) |', '| +11.00 ± 40.88 (n=3) |',
+             'Method − Fixed (held-out), diverged at chance',
+             '+11.00 ± 40.88 (n=3)'),
+            ('| level | level | 3/3 |', '| level | ahead | 3/3 |', 'Holm',
+             'ahead'),
+            ('| level | level | 3/3 |', '| level | level | 2/3 |', 'ahead',
+             '2/3'),
+            ('(S=16/16/64)', '(S=16/16/16)', 'fp8_e4m3 Fixed (held-out)',
+             '55.00 ± 7.07 (S=16/16/16) (n=2, 1 diverged)')):
         (folder / 'table1.md').write_text(NEW_FORMAT.replace(good, bad))
         out = recompute(folder)
         assert out.returncode == 1, (bad, out.stdout)
         assert out.stdout.count('MISMATCH') == 1, out.stdout
-        assert repr(bad.strip('| ')) in out.stdout, out.stdout
+        assert 'column {!r}: printed {!r}'.format(column, printed) \
+            in out.stdout, out.stdout
 
 
 def test_holm_and_the_validation_choice():
-    r = load('scripts/recompute_depth_tables.py')
+    r = SCRIPT_MODULE
     # m = 3: 0.01 <= 0.05/3 rejected; 0.03 > 0.05/2 stops the procedure
     assert r.holm({0: 0.01, 1: 0.04, 2: 0.03}) == {0: True, 1: False,
                                                    2: False}
@@ -285,22 +372,34 @@ def test_holm_and_the_validation_choice():
         return {'seed': seed, 'status': 'finished',
                 'final_test_accuracy': test, 'final_val_accuracy': val}
     # on test accuracy 16 wins on the others of every seed; on validation
-    # accuracy 64 does: the held-out choice follows validation when every
-    # candidate has it
+    # accuracy 64 does: the held-out choice is made on validation where
+    # every finished fixed run of the depth and precision recorded it
     runs = {('fp8', 'resnet20', 'fixed:16'): [
         run(s, 0.7, 0.5) for s in range(3)],
         ('fp8', 'resnet20', 'fixed:64'): [
         run(s, 0.6, 0.6) for s in range(3)]}
     assert r.held_out(runs, 'fp8', 'resnet20')[1:] == (
-        {0: '64', 1: '64', 2: '64'}, {'final_val_accuracy'})
+        {0: '64', 1: '64', 2: '64'}, 'final_val_accuracy')
+    # a diverged run needs none; one finished run without it: test images
+    runs[('fp8', 'resnet20', 'fixed:64')].append(
+        {'seed': 3, 'status': 'diverged', 'final_test_accuracy': None})
+    assert r.held_out(runs, 'fp8', 'resnet20')[2] == 'final_val_accuracy'
+    # (seed 3: only fixed:64 ran there, so it is the one scored)
     runs[('fp8', 'resnet20', 'fixed:64')][0]['final_val_accuracy'] = None
-    # seed 0's candidates all carry it; seeds 1 and 2 see the missing one
-    assert r.held_out(runs, 'fp8', 'resnet20')[1] == {
-        0: '64', 1: '16', 2: '16'}
+    assert r.held_out(runs, 'fp8', 'resnet20')[1:] == (
+        {0: '16', 1: '16', 2: '16', 3: '64'}, 'final_test_accuracy')
 
 
 def test_bad_input_is_one_line(tmp_path):
-    out = recompute(tmp_path)
-    assert out.returncode == 2
-    assert out.stdout.strip().splitlines()[-1].startswith('error: ')
-    assert 'expected table1.md or table4.md' in out.stdout
+    def run():
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), \
+                contextlib.redirect_stdout(io.StringIO()):
+            status = SCRIPT_MODULE.main([str(tmp_path)])
+        assert status == 2
+        assert err.getvalue().count('\n') == 1
+        assert err.getvalue().startswith('error: ')
+        return err.getvalue()
+    assert 'expected table1.md or table4.md' in run()
+    (tmp_path / 'table1.md').write_text('| Depth |\n|---|\n')
+    assert 'expected results.json or <precision>/<run>/run.json' in run()
