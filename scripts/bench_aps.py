@@ -92,7 +92,7 @@ def model_and_data(batch, seed=0):
 def single(args):
     from ada_loss.communication import CommPolicy
     from ada_loss.communication import simulator as S
-    from ada_loss.experiment.recipe import build_optimizer
+    from ada_loss.experiment.optimization import build_optimizer
     from ada_loss.scaling import make_loss_scaling
     n, batch = args.workers, args.workers * args.per_worker
     runs = []

@@ -9,7 +9,8 @@
 #     adaptive, adaptive with the paper's overflow bound, amax) with
 #     gradients in FP8 E4M3, 2 seeds, where the methods differ for real.
 # Options go to both (e.g. --out DIR, --jobs N). At the end: the wall time.
-# scripts/check_docs.py reruns both and compares their tables with README.md.
+# scripts/check_docs.py reruns both and compares their tables with README.md
+# and docs/results.md.
 #   ./scripts/demo.sh                      # results in results/mini/, results/demo_fp8/
 set -euo pipefail
 cd "$(dirname "$0")/.."

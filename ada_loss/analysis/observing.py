@@ -87,7 +87,7 @@ class ObservingLossScaling(object):
 
     def writer(self):
         """The :class:`ObservationsWriter` of this observer (registered
-        on the Trainer by :func:`ada_loss.experiment.recipe.
+        on the Trainer by :func:`ada_loss.experiment.trainer_extensions.
         extend_trainer`)."""
         raise NotImplementedError
 

@@ -3,7 +3,10 @@
 entry (:mod:`.runner`: a :class:`~.runner.Study` names its config, cells, run
 and tables), the one training recipe (:mod:`.recipe`: every study that trains
 is a :class:`~.recipe.TrainingStudy`, and only its ``run`` constructs
-Chainer's Trainer), ``run.json`` (:mod:`.runinfo`), the modes in tables and
+Chainer's Trainer; the helpers it calls: :mod:`.run_folder`,
+:mod:`.iterators`, :mod:`.optimization`, :mod:`.trainer_extensions`,
+:mod:`.summaries`, :mod:`.settings`, :mod:`.devices`), ``run.json``
+(:mod:`.runinfo`), the modes in tables and
 folder names (:mod:`.modes`), the tables (:mod:`.tables`) and plots
 (:mod:`.plots`). The studies (:mod:`.studies`): classification (Tables 1 and
 4, the mini reproduction, the precision table), ImageNet (Table 2), detection

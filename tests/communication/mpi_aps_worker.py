@@ -22,7 +22,7 @@ from ada_loss.communication import CommPolicy
 from ada_loss.communication.communicator import APSDistributedUpdater
 from ada_loss.communication.simulator import SimulatedDataParallelUpdater
 from ada_loss.datasets import get_digits
-from ada_loss.experiment.recipe import build_optimizer
+from ada_loss.experiment.optimization import build_optimizer
 from ada_loss.models import build_model
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.training import Classifier, dtype_config

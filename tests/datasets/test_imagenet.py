@@ -80,7 +80,7 @@ def test_train_augmentation_is_reproducible_in_workers_and_on_resume(
     and continue exactly after a snapshot."""
     import chainer
     from ada_loss.datasets.imagenet import get_imagenet_datasets
-    from ada_loss.experiment.recipe import make_iterator
+    from ada_loss.experiment.iterators import make_iterator
     train, _ = get_imagenet_datasets(
         fixtures.make_imagenet(str(tmp_path), n_per_class=2), 16, 20)
 

@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 
 from ada_loss.experiment import config as C
-from ada_loss.experiment import recipe as RC
+from ada_loss.experiment import devices
 from ada_loss.experiment import runner
 from ada_loss.experiment.studies import classification, depth
 
@@ -86,7 +86,7 @@ def test_depth_study_refuses_probed_fig4_runs_on_a_device():
 
 
 def test_cpu_runs_need_no_device():
-    assert RC.training_device(None) is None
+    assert devices.training_device(None) is None
 
 
 @pytest.mark.skipif(GPU_SKIP_REASON is None, reason='CuPy and a GPU are '

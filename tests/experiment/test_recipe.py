@@ -7,7 +7,7 @@ import re
 import pytest
 
 import ada_loss.experiment
-from ada_loss.experiment import recipe
+from ada_loss.experiment import optimization, recipe, settings
 from ada_loss.experiment.studies import (
     aps, classification, depth, detection, figures, fp8_diagnosis, imagenet)
 
@@ -59,8 +59,8 @@ def test_the_probe_takes_the_methods_options(mode, t_uf, bound):
     and bound: no mode defaults are re-derived in the harness."""
     from ada_loss.analysis.gemm_probe import ProbingLossScaling
     from ada_loss.scaling import parse_mode
-    log = recipe.Log(probe_every=3)
-    scaling = recipe.make_scaling(parse_mode(mode), 'mixed16', log)
+    log = settings.Log(probe_every=3)
+    scaling = optimization.make_scaling(parse_mode(mode), 'mixed16', log)
     assert isinstance(scaling, ProbingLossScaling)
     assert (scaling.t_uf, scaling.bound, scaling.mode) == (
         t_uf, bound, str(parse_mode(mode)))

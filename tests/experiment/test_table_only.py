@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from ada_loss.experiment import recipe as RC
+from ada_loss.experiment import run_folder
 from ada_loss.experiment import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -20,12 +21,13 @@ ENTRIES = sorted(os.path.basename(p) for p in glob.glob(
 
 @pytest.fixture
 def no_training(monkeypatch):
-    """Every run takes its folder's lock and opens its folder: both fail
-    the test."""
+    """Every run takes its folder's lock and opens its folder (the
+    recipe's, or a computing study's): both fail the test."""
     def trained(*args, **kwargs):
         raise AssertionError('--table-only trained a run')
     monkeypatch.setattr(runner.RunFolderLock, 'acquire', trained)
     monkeypatch.setattr(RC, 'open_run', trained)
+    monkeypatch.setattr(run_folder, 'open_run', trained)
 
 
 def entry(name, *argv):

@@ -10,7 +10,7 @@ import chainer
 from ada_loss.experiment.data import load_datasets
 from ada_loss.experiment.config import load
 from ada_loss.experiment.studies.classification import Config
-from ada_loss.experiment.recipe import build_optimizer
+from ada_loss.experiment.optimization import build_optimizer
 from ada_loss.models import SmallCNN
 from ada_loss.scaling import make_loss_scaling
 from ada_loss.training import Classifier, MixedPrecisionUpdater, dtype_config

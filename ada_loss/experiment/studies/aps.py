@@ -41,6 +41,8 @@ from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
 from ada_loss.experiment import recipe as RC
+from ada_loss.experiment import run_folder
+from ada_loss.experiment import settings
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.data import dataset_info, load_datasets
 from ada_loss.experiment.models import build
@@ -141,9 +143,9 @@ def mean_std(values):
 def compute_run(folder, fields, config_text, compute):
     """A run that computes rather than trains: ``compute()`` -> dict of
     results, stored in ``run.json`` with status finished."""
-    info, _ = RC.open_run(folder, fields, '', config_text)
+    info, _ = run_folder.open_run(folder, fields, '', config_text)
     info.update(compute())
-    info.update(status=R.FINISHED, updated=RC.now())
+    info.update(status=R.FINISHED, updated=run_folder.now())
     R.write_run(folder, info)
     return info
 
@@ -164,7 +166,7 @@ class Table4Grid:
 class Table4Train:
     mode: C.Mode = setting('fp32', 'loss-scaling mode (gradients arrive '
                            'scaled; fp32 = no scaling)')
-    precision: Optional[C.PrecisionName] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = settings.precision_setting()
     batchsize: int = setting(256, 'global batch (workers x per-worker)',
                              minimum=1)
     epochs: float = setting(12, 'epochs', positive=True)
@@ -189,14 +191,14 @@ TABLE4_PLOTS = [('Loss', ['shard_loss']),
 
 
 @dataclasses.dataclass
-class Table4Log(RC.Log):
+class Table4Log(settings.Log):
     """Table 4 runs many cells at once: quiet, no PNGs, one test at the
     end."""
-    eval_interval: C.Interval = RC.log_setting('eval_interval',
-                                               [1000000, 'epoch'])
-    progress: Literal['report', 'bar', 'both', 'none'] = RC.log_setting(
+    eval_interval: C.Interval = settings.log_setting('eval_interval',
+                                                     [1000000, 'epoch'])
+    progress: Literal['report', 'bar', 'both', 'none'] = settings.log_setting(
         'progress', 'none')
-    plot: bool = RC.log_setting('plot', False)
+    plot: bool = settings.log_setting('plot', False)
 
 
 @dataclasses.dataclass
@@ -221,8 +223,8 @@ class Table4Config:
                 'train.batchsize', 'global batch {} cannot be split into {} '
                 'equal shards (sim.workers); use a multiple of it'.format(
                     self.train.batchsize, self.sim.workers))
-        RC.check_modes_build([('train.mode', self.train.mode)],
-                             [self.train.precision])
+        settings.check_modes_build([('train.mode', self.train.mode)],
+                                   [self.train.precision])
         for key in ('probe_every', 'record_every'):
             if getattr(self.log, key) is not None:
                 raise C.ConfigError(

@@ -14,7 +14,7 @@ for ``fp32``, mixed16 unless given otherwise), MomentumSGD
 with FP32 master weights and a per-parameter weight-decay hook (it runs
 inside the update rule, after the gradient is unscaled in FP32), the
 loss-scaling method of the mode, and Chainer's Trainer with the extensions of
-:func:`ada_loss.experiment.recipe.extend_trainer` (evaluator,
+:func:`ada_loss.experiment.trainer_extensions.extend_trainer` (evaluator,
 StepLearningRate, LogReport + ``log.csv``, PrintReport / ProgressBar,
 PlotReport ``loss.png`` / ``accuracy.png``, the snapshot and, for the
 layer-wise modes, ``loss_scales.csv``). A run whose gradients overflow in a
@@ -36,6 +36,10 @@ from ada_loss.communication.summation import ORDERS
 from ada_loss.experiment import config as C
 from ada_loss.experiment import tables
 from ada_loss.experiment import recipe as RC
+from ada_loss.experiment import devices
+from ada_loss.experiment import optimization
+from ada_loss.experiment import settings
+from ada_loss.experiment import summaries
 from ada_loss.experiment.config import setting, section
 from ada_loss.experiment.data import DATASETS, dataset_info, load_datasets
 from ada_loss.experiment.models import MODEL_HELP, build
@@ -106,7 +110,7 @@ class Data:
 class Train:
     renamed = {'dtype': 'precision'}
 
-    precision: Optional[C.PrecisionName] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = settings.precision_setting()
     batchsize: int = setting(128, 'minibatch size (global, all ranks)',
                              minimum=1)
     lr: float = setting(0.1, 'initial learning rate', positive=True)
@@ -165,7 +169,7 @@ class Comm:
 
 #: Sections that ``per_model.<model>`` may override for one model.
 PER_MODEL_SECTIONS = {'model': Model, 'data': Data, 'train': Train,
-                      'log': RC.Log}
+                      'log': settings.Log}
 
 
 class PerModel(object):
@@ -212,12 +216,12 @@ class Config:
                                    '(results depend on it; fixed so that '
                                    'they do not depend on --jobs; recorded '
                                    'in run.json)', minimum=1)
-    device: Optional[C.Device] = RC.device_setting()
+    device: Optional[C.Device] = settings.device_setting()
     grid: Grid = section(Grid)
     model: Model = section(Model)
     data: Data = section(Data)
     train: Train = section(Train)
-    log: RC.Log = section(RC.Log)
+    log: settings.Log = section(settings.Log)
     comm: Comm = section(Comm)
     per_model: PerModel = setting({}, 'per-model overrides of the sections '
                                   + ', '.join(PER_MODEL_SECTIONS))
@@ -257,8 +261,8 @@ class Config:
         modes = [('grid.modes' if i < len(self.grid.modes)
                   else 'grid.fixed_scales', mode)
                  for i, mode in enumerate(self.modes())]
-        RC.check_modes_build(modes, precisions)
-        RC.check_device_config(
+        settings.check_modes_build(modes, precisions)
+        devices.check_device_config(
             self.device, modes, [('log', self.log)] + [
                 ('per_model.{}.log'.format(m), p['log'])
                 for m, p in self.per_model.items() if 'log' in p],
@@ -342,7 +346,7 @@ class ClassificationStudy(RC.TrainingStudy):
                 'data-parallel ranks: run under mpiexec with --mpi (or '
                 'distributed: true); to study it in one process, see '
                 'experiments/aps_table4.py')
-        RC.training_device(cfg.device)     # CuPy and the GPU are there
+        devices.training_device(cfg.device)     # CuPy and the GPU are there
         cache = {}
         for cell in cells:
             data = cfg.for_model(cell.model).data
@@ -395,18 +399,17 @@ class ClassificationStudy(RC.TrainingStudy):
 
     def optimizer(self, run, model):
         t = run.config.train
-        return RC.build_optimizer(model, run.precision, t.lr, t.momentum,
-                                  t.weight_decay, run.comm, run.policy,
-                                  run.config.comm.wire)
+        return optimization.build_optimizer(
+            model, run.precision, t.lr, t.momentum, t.weight_decay, run.comm,
+            run.policy, run.config.comm.wire)
 
     batchsize_key = 'train.batchsize'
 
     def updater(self, run, train_iter, optimizer, scaling):
-        return RC.make_updater(train_iter, optimizer, scaling, run.mode,
-                               run.comm, os.path.join(run.folder,
-                                                      'scaling.txt'),
-                               aps=run.policy is not None,
-                               device=run.device)
+        return optimization.make_updater(
+            train_iter, optimizer, scaling, run.mode, run.comm,
+            os.path.join(run.folder, 'scaling.txt'),
+            aps=run.policy is not None, device=run.device)
 
     def lr_schedule(self, run, optimizer):
         t = run.config.train
@@ -415,8 +418,8 @@ class ClassificationStudy(RC.TrainingStudy):
                                    optimizer=optimizer)
 
     def final_values(self, run, trainer, updater):
-        return [('train', RC.last(trainer.get_extension('LogReport').log,
-                                  'main/loss')),
+        return [('train', summaries.last(
+                    trainer.get_extension('LogReport').log, 'main/loss')),
                 ('test', trainer.get_extension('TestHistory').last(
                     'validation/main/loss'))]
 

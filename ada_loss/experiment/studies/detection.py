@@ -38,6 +38,9 @@ from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
 from ada_loss.experiment import recipe as RC
+from ada_loss.experiment import iterators
+from ada_loss.experiment import settings
+from ada_loss.experiment import summaries
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.modes import grid_modes, mode_slug, mode_sort_key
 from ada_loss.scaling import resolve_precision
@@ -80,7 +83,7 @@ class Data:
 
 @dataclasses.dataclass
 class Train:
-    precision: Optional[C.PrecisionName] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = settings.precision_setting()
     iterations: int = setting(120000, 'training length', minimum=1)
     lr: float = setting(1e-3, 'initial learning rate', positive=True)
     lr_steps: List[int] = setting([80000, 100000], 'iterations where lr *= '
@@ -97,14 +100,14 @@ class Train:
 
 
 @dataclasses.dataclass
-class SSDLog(RC.Log):
+class SSDLog(settings.Log):
     """The log section with SSD's intervals (iterations)."""
-    log_interval: C.Interval = RC.log_setting('log_interval',
-                                              [100, 'iteration'])
-    eval_interval: C.Interval = RC.log_setting('eval_interval',
-                                               [10000, 'iteration'])
-    snapshot_interval: C.Interval = RC.log_setting('snapshot_interval',
-                                                   [1000, 'iteration'])
+    log_interval: C.Interval = settings.log_setting('log_interval',
+                                                    [100, 'iteration'])
+    eval_interval: C.Interval = settings.log_setting('eval_interval',
+                                                     [10000, 'iteration'])
+    snapshot_interval: C.Interval = settings.log_setting('snapshot_interval',
+                                                         [1000, 'iteration'])
 
 
 @dataclasses.dataclass
@@ -129,7 +132,7 @@ class Config:
 
     def check(self):
         """Every mode builds in the precision."""
-        RC.check_modes_build(
+        settings.check_modes_build(
             [('grid.modes' if m in self.grid.modes else 'grid.fixed_scales',
               m) for m in self.modes()], [self.train.precision])
 
@@ -214,8 +217,8 @@ class DetectionStudy(RC.TrainingStudy):
         transform = SSDTrainTransform(ssd.coder, ssd.insize, ssd.mean,
                                       photometric=d.photometric)
         train = chainer.datasets.TransformDataset(
-            RC.subset(data[0], d.train_size, run.seed), transform)
-        return train, RC.subset(data[1], d.test_size, run.seed + 1)
+            iterators.subset(data[0], d.train_size, run.seed), transform)
+        return train, iterators.subset(data[1], d.test_size, run.seed + 1)
 
     def optimizer(self, run, model):
         t = run.cfg.train
@@ -230,11 +233,12 @@ class DetectionStudy(RC.TrainingStudy):
     scatter_test = False       # make_voc_evaluator: every rank sees it all
 
     def iterators(self, run, train, test, batchsize):
-        seed = RC.iterator_seed(run.seed, run.comm)
-        return (RC.make_iterator(train, batchsize, run.cfg.data.loaderjobs,
-                                 seed=seed),
-                RC.make_iterator(test, run.cfg.train.eval_batchsize, 0,
-                                 repeat=False, shuffle=False, seed=seed))
+        seed = iterators.iterator_seed(run.seed, run.comm)
+        return (iterators.make_iterator(
+                    train, batchsize, run.cfg.data.loaderjobs, seed=seed),
+                iterators.make_iterator(
+                    test, run.cfg.train.eval_batchsize, 0, repeat=False,
+                    shuffle=False, seed=seed))
 
     def stop(self, run):
         return StopAt(iterations=run.cfg.train.iterations)
@@ -254,13 +258,13 @@ class DetectionStudy(RC.TrainingStudy):
 
     def final_values(self, run, trainer, updater):
         log = trainer.get_extension('LogReport').log
-        return [('train loss', RC.last(log, 'main/loss')),
-                ('mAP', RC.last(log, 'validation/main/map'))]
+        return [('train loss', summaries.last(log, 'main/loss')),
+                ('mAP', summaries.last(log, 'validation/main/map'))]
 
     def metrics(self, run, trainer, updater, diverged):
         log = trainer.get_extension('LogReport').log
         maps = [e['validation/main/map'] for e in log
-                if RC.finite(e.get('validation/main/map'))]
+                if summaries.finite(e.get('validation/main/map'))]
         (_, train_loss), (_, final_map) = self.final_values(run, trainer,
                                                             updater)
         return [('final_map', None if diverged else final_map),

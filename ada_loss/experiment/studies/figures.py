@@ -11,7 +11,7 @@ the same seed, data order and initialization:
   and the σ_max ratio (§4.2).
 
 Every run is a run on Chainer's Trainer with ``log.record_every``
-(:func:`ada_loss.experiment.recipe.make_scaling`: a
+(:func:`ada_loss.experiment.optimization.make_scaling`: a
 :class:`~ada_loss.analysis.recorder.RecordingLossScaling`), resumable from
 its snapshot; it writes ``records.csv`` (as it goes), ``run.json``, the log
 and the snapshot into ``<out>/<table>/<run>/``. The
@@ -46,6 +46,8 @@ from ada_loss.detection import build_ssd, setup_ssd_optimizer
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import recipe as RC
+from ada_loss.experiment import iterators
+from ada_loss.experiment import settings
 from ada_loss.experiment.config import setting
 from ada_loss.models import build_model
 from ada_loss.training import Classifier
@@ -85,7 +87,7 @@ class Settings:
     momentum: float = setting(0.9, 'MomentumSGD momentum', minimum=0.0)
     weight_decay: float = setting(1e-4, 'weight decay', minimum=0.0)
     seed: int = setting(0, 'random seed', minimum=0)
-    precision: Optional[C.PrecisionName] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = settings.precision_setting()
     photometric: bool = setting(True, 'detection: photometric distortion')
     modes: Dict[str, C.Mode] = setting(
         {'fig1': 'fp32', 'fixed': 'fixed:128', 'adaptive': 'adaptive'},
@@ -94,9 +96,9 @@ class Settings:
 
     def check(self):
         """Every mode builds in the precision."""
-        RC.check_modes_build([('modes.' + run, mode)
-                              for run, mode in self.modes.items()],
-                             [self.precision])
+        settings.check_modes_build([('modes.' + run, mode)
+                                    for run, mode in self.modes.items()],
+                                   [self.precision])
 
 
 @dataclasses.dataclass
@@ -161,11 +163,11 @@ def log_of(cfg):
     losses of ``summary.json``), a snapshot every ``snapshot_every``
     iterations and at the end, the gradient records every
     ``record_every``; nothing on the console, no PNGs but the figures."""
-    return RC.Log(log_interval=[1, 'iteration'],
-                  eval_interval=[cfg.iterations, 'iteration'],
-                  snapshot_interval=[cfg.snapshot_every, 'iteration'],
-                  progress='none', plot=False,
-                  record_every=cfg.record_every)
+    return settings.Log(log_interval=[1, 'iteration'],
+                        eval_interval=[cfg.iterations, 'iteration'],
+                        snapshot_interval=[cfg.snapshot_every, 'iteration'],
+                        progress='none', plot=False,
+                        record_every=cfg.record_every)
 
 
 FigureRun = collections.namedtuple('FigureRun', ('run', 'mode'))
@@ -252,7 +254,7 @@ class FiguresStudy(RC.TrainingStudy):
         return run.cfg.batch_size
 
     def iterators(self, run, train, test, batchsize):
-        return RC.make_iterator(train, batchsize), None
+        return iterators.make_iterator(train, batchsize), None
 
     def stop(self, run):
         return StopAt(iterations=run.cfg.iterations)

@@ -26,6 +26,11 @@ from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
 from ada_loss.experiment import recipe as RC
+from ada_loss.experiment import devices
+from ada_loss.experiment import iterators
+from ada_loss.experiment import optimization
+from ada_loss.experiment import settings
+from ada_loss.experiment import summaries
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.modes import mode_sort_key
 from ada_loss.experiment.studies.classification import PLOTS, run_name
@@ -61,7 +66,7 @@ class Data:
 
 @dataclasses.dataclass
 class Train:
-    precision: Optional[C.PrecisionName] = RC.precision_setting()
+    precision: Optional[C.PrecisionName] = settings.precision_setting()
     batchsize: int = setting(256, 'global minibatch size', minimum=1)
     base_lr: float = setting(0.1, 'lr for batch 256 (lr = base_lr * B/256)',
                              positive=True)
@@ -85,18 +90,18 @@ class Config:
     distributed: bool = setting(False, 'ChainerMN data parallelism (--mpi)')
     blas_threads: int = setting(1, 'BLAS/OpenMP threads of each run '
                                 '(recorded in run.json)', minimum=1)
-    device: Optional[C.Device] = RC.device_setting()
+    device: Optional[C.Device] = settings.device_setting()
     grid: Grid = section(Grid)
     data: Data = section(Data)
     train: Train = section(Train)
-    log: RC.Log = section(RC.Log)
+    log: settings.Log = section(settings.Log)
 
     def check(self):
         """Every mode builds in the precision (and runs on the device)."""
         modes = [('grid.modes', m) for m in self.grid.modes]
-        RC.check_modes_build(modes, [self.train.precision])
-        RC.check_device_config(self.device, modes, [('log', self.log)],
-                               self.distributed)
+        settings.check_modes_build(modes, [self.train.precision])
+        devices.check_device_config(self.device, modes, [('log', self.log)],
+                                    self.distributed)
 
 
 PRINT_KEYS = ['epoch', 'iteration', 'main/loss', 'validation/main/loss',
@@ -148,7 +153,7 @@ class ImageNetStudy(RC.TrainingStudy):
     def preload(self, cfg, cells):
         """The datasets (missing files fail here, before any training)."""
         d = cfg.data
-        RC.training_device(cfg.device)     # CuPy and the GPU are there
+        devices.training_device(cfg.device)     # CuPy and the GPU are there
         return get_imagenet_datasets(d.imagenet_root, d.image_size,
                                      d.eval_resize) if cells else None
 
@@ -173,15 +178,16 @@ class ImageNetStudy(RC.TrainingStudy):
 
     def datasets(self, run, data, model):
         d, t = run.cfg.data, run.cfg.train
-        train = RC.subset(data[0], d.train_size, run.seed)
-        test = RC.subset(data[1], d.test_size, run.seed + 1)
+        train = iterators.subset(data[0], d.train_size, run.seed)
+        test = iterators.subset(data[1], d.test_size, run.seed + 1)
         run.iters_per_epoch = max(1, len(train) // t.batchsize)
         return train, test
 
     def optimizer(self, run, model):
         t = run.cfg.train
-        return RC.build_optimizer(model, run.precision, self.lr(run),
-                                  t.momentum, t.weight_decay, run.comm)
+        return optimization.build_optimizer(
+            model, run.precision, self.lr(run), t.momentum, t.weight_decay,
+            run.comm)
 
     @staticmethod
     def lr(run):
@@ -190,10 +196,12 @@ class ImageNetStudy(RC.TrainingStudy):
 
     def iterators(self, run, train, test, batchsize):
         d, t = run.cfg.data, run.cfg.train
-        seed = RC.iterator_seed(run.seed, run.comm)
-        return (RC.make_iterator(train, batchsize, d.loaderjobs, seed=seed),
-                RC.make_iterator(test, t.eval_batchsize, d.loaderjobs,
-                                 repeat=False, shuffle=False, seed=seed))
+        seed = iterators.iterator_seed(run.seed, run.comm)
+        return (iterators.make_iterator(train, batchsize, d.loaderjobs,
+                                        seed=seed),
+                iterators.make_iterator(test, t.eval_batchsize, d.loaderjobs,
+                                        repeat=False, shuffle=False,
+                                        seed=seed))
 
     scaling_summary = None
 
@@ -206,8 +214,8 @@ class ImageNetStudy(RC.TrainingStudy):
 
     def final_values(self, run, trainer, updater):
         log = trainer.get_extension('LogReport').log
-        return [('train', RC.last(log, 'main/loss')),
-                ('test', RC.last(log, 'validation/main/loss'))]
+        return [('train', summaries.last(log, 'main/loss')),
+                ('test', summaries.last(log, 'validation/main/loss'))]
 
     def metrics(self, run, trainer, updater, diverged):
         log = trainer.get_extension('LogReport').log
@@ -216,7 +224,7 @@ class ImageNetStudy(RC.TrainingStudy):
         (_, train_loss), (_, test_loss) = self.final_values(run, trainer,
                                                             updater)
         return [('final_test_accuracy', None if diverged else
-                 RC.last(log, 'validation/main/accuracy')),
+                 summaries.last(log, 'validation/main/accuracy')),
                 ('best_test_accuracy', None if diverged or not accs
                  else max(accs)),
                 ('final_test_loss', test_loss),
