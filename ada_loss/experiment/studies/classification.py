@@ -37,9 +37,11 @@ from ada_loss.experiment import config as C
 from ada_loss.experiment import tables
 from ada_loss.experiment import recipe as RC
 from ada_loss.experiment import devices
+from ada_loss.experiment import iterators
 from ada_loss.experiment import optimization
 from ada_loss.experiment import settings
 from ada_loss.experiment import summaries
+from ada_loss.experiment import trainer_extensions
 from ada_loss.experiment.config import setting, section
 from ada_loss.experiment.data import DATASETS, dataset_info, load_datasets
 from ada_loss.experiment.models import MODEL_HELP, build
@@ -443,9 +445,10 @@ class ClassificationStudy(RC.TrainingStudy):
         """Accuracy of the trained model on the selection split (every
         rank evaluates all of it: the same number everywhere)."""
         model = trainer.updater.get_optimizer('main').target
-        it = RC.make_iterator(run.selection, run.config.train.eval_batchsize,
-                              repeat=False, shuffle=False)
-        ev = RC.evaluator(it, model, None, run.device)
+        it = iterators.make_iterator(run.selection,
+                                     run.config.train.eval_batchsize,
+                                     repeat=False, shuffle=False)
+        ev = trainer_extensions.evaluator(it, model, None, run.device)
         ev.name = 'selection'
         return float(ev()['selection/main/accuracy'])
 
