@@ -1,4 +1,9 @@
-"""Datasets read from local files (nothing is downloaded) and their transforms.
+"""Datasets read from local files and their transforms.
+
+The loaders never download (nor does importing this package): data is
+fetched on request, checksum-verified, by ``python -m
+ada_loss.datasets.fetch NAME`` (:mod:`ada_loss.datasets.fetch`), or by an
+entry run with ``--set data.download=true``.
 
 Every dataset yields ``(image, label)`` examples: a ``float32`` ``CHW`` image
 in [0, 1] and an ``int32`` label.

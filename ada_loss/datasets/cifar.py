@@ -32,11 +32,18 @@ import numpy
 
 from ada_loss.datasets.errors import DatasetFormatError
 from ada_loss.datasets.errors import DatasetNotFoundError
+from ada_loss.datasets.errors import one_line
 from ada_loss.datasets.image_label_dataset import ImageLabelDataset
+from ada_loss.datasets.roots import default_root
 from ada_loss.datasets import safe_pickle
 
 #: Environment variable consulted when ``get_cifar`` gets no ``root``.
 CIFAR_ROOT_ENV = 'ADA_LOSS_CIFAR_ROOT'
+
+#: Folder under Chainer's dataset root where ``python -m
+#: ada_loss.datasets.fetch cifar10`` puts the files when no folder is named
+#: (:func:`cifar_default_root`); looked in last.
+CIFAR_FOLDER = 'cifar'
 
 CIFAR_URL = 'https://www.cs.toronto.edu/~kriz/cifar.html'
 
@@ -46,8 +53,9 @@ _TRAIN_BATCH = re.compile(r'^data_batch_(\d+)$')
 
 class _Spec(object):
 
-    def __init__(self, title, archive, folder, train, test, meta, labels,
-                 names_key):
+    def __init__(self, name, title, archive, folder, train, test, meta,
+                 labels, names_key):
+        self.name = name            # 'cifar10' / 'cifar100'
         self.title = title
         self.archive = archive      # name of the official .tar.gz
         self.folder = folder        # folder the archive extracts to
@@ -75,12 +83,27 @@ class _Spec(object):
                                         self.test, self.meta))
 
 
+def cifar_default_root():
+    """``<Chainer's dataset root>/ada_loss/cifar``: where a fetch with no
+    folder named puts CIFAR-10 and CIFAR-100, and where :func:`get_cifar`
+    looks when given no ``root`` and ``$ADA_LOSS_CIFAR_ROOT`` is unset."""
+    return default_root(CIFAR_FOLDER)
+
+
+def cifar_layout(name):
+    """``(archive, folder, test file)`` of ``'cifar10'`` or ``'cifar100'``:
+    the official archive's name, the folder it extracts to and the file
+    whose presence marks that folder as read by :func:`get_cifar`."""
+    spec = _SPECS[name]
+    return spec.archive, spec.folder, spec.test
+
+
 _SPECS = {
-    'cifar10': _Spec('CIFAR-10', 'cifar-10-python.tar.gz',
+    'cifar10': _Spec('cifar10', 'CIFAR-10', 'cifar-10-python.tar.gz',
                      'cifar-10-batches-py', None, 'test_batch',
                      'batches.meta', {'fine': ('labels', 10)},
                      {'fine': 'label_names'}),
-    'cifar100': _Spec('CIFAR-100', 'cifar-100-python.tar.gz',
+    'cifar100': _Spec('cifar100', 'CIFAR-100', 'cifar-100-python.tar.gz',
                       'cifar-100-python', 'train', 'test', 'meta',
                       {'fine': ('fine_labels', 100),
                        'coarse': ('coarse_labels', 20)},
@@ -103,7 +126,8 @@ def get_cifar(name, root=None, label='fine'):
             * a folder containing the archive or the extracted folder.
 
             If ``None``, the environment variable ``ADA_LOSS_CIFAR_ROOT`` is
-            used.
+            used, else the folder a fetch with no folder named fills
+            (:func:`cifar_default_root`) when it exists.
         label (str): ``'fine'`` (default; the only kind CIFAR-10 has) or
             ``'coarse'`` (the 20 CIFAR-100 superclasses).
 
@@ -151,12 +175,15 @@ def get_cifar(name, root=None, label='fine'):
 
 
 def _not_found(spec, reason):
-    return ('{} not found: {}.\nExpected {}, given as `root` or through the '
-            'environment variable {}; `root` may also be a folder containing '
-            'either. Download {} ("{} python version") from {} -- this loader '
-            'never downloads.'.format(spec.title, reason, spec.layout(),
-                                      CIFAR_ROOT_ENV, spec.archive, spec.title,
-                                      CIFAR_URL))
+    # one line: the command line prints it as its one ``error:`` line
+    return ('{} not found: {}. Expected {}, given as `root` (the config key '
+            'data.cifar_root) or through the environment variable {}; `root` '
+            'may also be a folder containing either. Fetch it with `python -m '
+            'ada_loss.datasets.fetch {} [--root DIR]` (or `--set '
+            'data.download=true` on an entry), or download {} ("{} python '
+            'version") from {} yourself; this loader never downloads.'.format(
+                spec.title, reason, spec.layout(), CIFAR_ROOT_ENV, spec.name,
+                spec.archive, spec.title, CIFAR_URL))
 
 
 class _Files(object):
@@ -189,10 +216,12 @@ class _Files(object):
 def _find_files(spec, root):
     if root is None:
         root = os.environ.get(CIFAR_ROOT_ENV)
+        if not root and os.path.isdir(cifar_default_root()):
+            root = cifar_default_root()
         if not root:
             raise DatasetNotFoundError(_not_found(
-                spec, 'no `root` was given and {} is not set'.format(
-                    CIFAR_ROOT_ENV)))
+                spec, 'no `root` was given, {} is not set and {} does not '
+                'exist'.format(CIFAR_ROOT_ENV, cifar_default_root())))
     root = os.path.expanduser(os.fspath(root))
     if os.path.isfile(root):
         return _archive_files(spec, root)
@@ -229,8 +258,8 @@ def _archive_files(spec, path):
         if isinstance(e, FileNotFoundError):
             raise
         raise DatasetFormatError('{} is not a readable tar archive ({}); '
-                                 'expected {}'.format(path, e, spec.layout())
-                                 ) from e
+                                 'expected {}'.format(path, one_line(e),
+                                                      spec.layout())) from e
     folders = sorted((f for f in by_folder if spec.test in by_folder[f]),
                      key=lambda f: posixpath.basename(f) != spec.folder)
     if not folders:

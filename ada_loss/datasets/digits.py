@@ -7,8 +7,6 @@ they are large enough for a small strided ResNet, which makes them the
 dataset of the demos and tests.
 """
 import numpy
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from ada_loss.datasets.image_label_dataset import ImageLabelDataset
 
@@ -37,6 +35,10 @@ def get_digits(test_ratio=0.2, seed=0, size=16):
             test_ratio))
     if int(size) != size or size < 1:
         raise ValueError('size must be a positive integer, got {}'.format(size))
+    # imported here: scikit-learn takes seconds to import, and importing
+    # ada_loss.datasets (python -m ada_loss.datasets.fetch) needs none of it
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
     digits = load_digits()
     index = numpy.arange(int(size)) * DIGITS_SIZE // int(size)
     images = digits.images[:, index][:, :, index] / DIGITS_MAX_VALUE

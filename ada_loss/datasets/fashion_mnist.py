@@ -72,11 +72,13 @@ def get_fashion_mnist(root=FASHION_MNIST_ROOT):
         raise DatasetNotFoundError(
             'Fashion-MNIST not found in {}: missing {}. Expected the IDX files '
             '{} (or uncompressed copies without .gz). Install them with '
-            '`apt-get install dataset-fashion-mnist` (Debian, into {}) or '
-            'download them from {} -- this loader never downloads.'.format(
+            '`apt-get install dataset-fashion-mnist` (Debian, into {}), fetch '
+            'them with `python -m ada_loss.datasets.fetch fashion_mnist --root '
+            '{}` (or `--set data.download=true` on an entry), or download '
+            'them from {} yourself; this loader never downloads.'.format(
                 root, ', '.join(missing),
                 ', '.join(n for names in _FILES.values() for n in names),
-                FASHION_MNIST_ROOT, FASHION_MNIST_URL))
+                FASHION_MNIST_ROOT, root, FASHION_MNIST_URL))
     return tuple(_load_split(root, *_FILES[split]) for split in ('train', 'test'))
 
 

@@ -51,7 +51,9 @@ _LAYOUT = (
     '{root}/val/<wnid>/*.JPEG or flat {root}/val/*.JPEG with a labels file '
     '({files}) whose lines read "ILSVRC2012_val_00000001.JPEG 65" (0-based '
     'class index) or "... n01751748" (wnid). The data is not downloadable '
-    'here: obtain ILSVRC2012 from image-net.org and extract it locally.')
+    'here (its licence): obtain ILSVRC2012 from image-net.org and extract it '
+    'locally; `python -m ada_loss.datasets.fetch imagenet` prints the exact '
+    'steps.')
 
 
 def _not_found(root, problem):

@@ -2,7 +2,7 @@
 
 The SSD recipe (Liu et al. 2016; ChainerCV's ``examples/ssd``) trains on
 VOC2007 trainval + VOC2012 trainval ("07+12") and tests on VOC2007 test with
-difficult objects kept and flagged. Nothing is downloaded: ChainerCV's
+difficult objects kept and flagged. Nothing is downloaded here: ChainerCV's
 :class:`~chainercv.datasets.VOCBboxDataset` downloads when ``data_dir='auto'``,
 so a folder is always required here. ``root`` may be the ``VOCdevkit`` folder
 or its parent; each year needs::
@@ -16,6 +16,11 @@ Examples are ChainerCV's: ``(img, bbox, label)`` (``img`` RGB ``float32``
 ``CHW`` in [0, 255], ``bbox`` ``(R, 4)`` ``(y_min, x_min, y_max, x_max)``,
 ``label`` ``int32`` index into :data:`VOC_LABEL_NAMES`), plus ``difficult``
 (bool) for the test set.
+
+:mod:`ada_loss.datasets.fetch` (``python -m ada_loss.datasets.fetch voc``)
+fetches and verifies the three tarballs on request; with no folder named
+it fills :func:`voc_default_root`, which :func:`resolve_voc_root` looks in
+last.
 """
 import os
 
@@ -24,17 +29,24 @@ from chainercv.chainer_experimental.datasets.sliceable import \
 from chainercv.datasets import VOCBboxDataset
 
 from ada_loss.datasets.errors import DatasetNotFoundError
+from ada_loss.datasets.roots import default_root
 from ada_loss.datasets.voc_annotation import (  # NOQA: F401 (re-exported)
     VOC_LABEL_NAMES, read_annotation)
 
 VOC_ROOT_ENV = 'ADA_LOSS_VOC_ROOT'
 
+#: Folder under Chainer's dataset root that a fetch with no folder named
+#: fills (:func:`voc_default_root`).
+VOC_FOLDER = 'voc'
+
 _LAYOUT = ('expected the PASCAL VOC layout <root>/VOCdevkit/VOC<year>/'
            '{ImageSets/Main/<split>.txt, Annotations/<id>.xml, '
            'JPEGImages/<id>.jpg} (root may also be the VOCdevkit folder '
-           'itself). The data is not downloaded here: extract '
+           'itself). The loaders never download: fetch the data with '
+           '`python -m ada_loss.datasets.fetch voc [--root DIR]` (or `--set '
+           'data.download=true` on an entry), or extract '
            'VOCtrainval_06-Nov-2007.tar, VOCtest_06-Nov-2007.tar and '
-           'VOCtrainval_11-May-2012.tar into <root>.')
+           'VOCtrainval_11-May-2012.tar into <root> yourself.')
 
 
 def _not_found(problem):
@@ -98,10 +110,19 @@ def get_voc_detection_test(root, year='2007', split='test'):
                             return_difficult=True)
 
 
+def voc_default_root():
+    """``<Chainer's dataset root>/ada_loss/voc``: where a fetch with no
+    folder named puts VOC."""
+    return default_root(VOC_FOLDER)
+
+
 def resolve_voc_root(root=None):
-    """``root``, else the ``ADA_LOSS_VOC_ROOT`` environment variable."""
+    """``root``, else the ``ADA_LOSS_VOC_ROOT`` environment variable, else
+    :func:`voc_default_root` when it exists."""
     root = root or os.environ.get(VOC_ROOT_ENV)
+    if not root and os.path.isdir(voc_default_root()):
+        root = voc_default_root()
     if not root:
-        raise _not_found('no root folder given and {} is not set'.format(
-            VOC_ROOT_ENV))
+        raise _not_found('no root folder given, {} is not set and {} does '
+                         'not exist'.format(VOC_ROOT_ENV, voc_default_root()))
     return root
