@@ -15,12 +15,20 @@ images a choice is scored on are not the ones it was made on. Drawn from the
 training images outside ``data.train_size``'s subset where there are enough
 (the training subset is then exactly what it was without a selection
 split), otherwise taken out of the training set first.
+
+Nothing is downloaded unless the ``data`` section says ``download: true``
+(``--set data.download=true``): then data that is missing is fetched and
+verified first (:mod:`ada_loss.datasets.fetch`, from ``data.mirror`` when
+set) into the folder it is read from: ``data.cifar_root`` (else
+``$ADA_LOSS_CIFAR_ROOT``, else Chainer's dataset root), or
+``data.fashion_mnist_root``. Data already there is read as it is.
 """
 import numpy
 
 import chainer
 
 from ada_loss import datasets as D
+from ada_loss.datasets.errors import DatasetNotFoundError
 
 #: name -> (number of classes, input channels)
 DATASETS = {
@@ -91,28 +99,54 @@ def _subset(dataset, size, seed):
     return chainer.datasets.SubDataset(dataset, 0, size, order=order)
 
 
+def _read(name, data_cfg):
+    """The dataset's ``(train, test)`` as its loader reads it."""
+    if name in ('cifar10', 'cifar100'):
+        return D.get_cifar(name, data_cfg.cifar_root)
+    if name == 'digits':
+        return D.get_digits(size=data_cfg.digits_size,
+                            seed=data_cfg.split_seed)
+    return D.get_fashion_mnist(data_cfg.fashion_mnist_root)
+
+
+def _fetched(name, data_cfg):
+    """``_read``, fetching the data first when it is missing and the
+    section says ``download: true``."""
+    try:
+        return _read(name, data_cfg)
+    except DatasetNotFoundError:
+        if not getattr(data_cfg, 'download', False) or name == 'digits':
+            raise
+    # imported here: nothing of the fetcher runs unless asked
+    from ada_loss.datasets.fetch import fetch
+    root = (data_cfg.fashion_mnist_root if name == 'fashion_mnist'
+            else data_cfg.cifar_root)
+    root = fetch(name, root, mirror=getattr(data_cfg, 'mirror', None),
+                 log=lambda text: print('[fetch] ' + text, flush=True))
+    if name == 'fashion_mnist':
+        return D.get_fashion_mnist(root)
+    return D.get_cifar(name, root)
+
+
 def load_datasets(name, data_cfg, selection=False):
     """``(train, test)`` for dataset ``name`` and the ``data`` config section (any object with its attributes);
     with ``selection``, ``(train, test, selection split)`` (None without
     ``data.val_size``), preprocessed as the test set.
 
     Raises:
-        ada_loss.datasets.DatasetNotFoundError: files missing (never
-            downloads).
+        ada_loss.datasets.DatasetNotFoundError: files missing (and
+            ``data_cfg.download`` false or absent).
+        ada_loss.datasets.DatasetFetchError: the fetch of missing files
+            failed (one-line message; nothing half-written kept).
     """
     dataset_info(name)
+    train, test = _fetched(name, data_cfg)
     if name in ('cifar10', 'cifar100'):
-        train, test = D.get_cifar(name, data_cfg.cifar_root)
         mean, std = ((D.CIFAR10_MEAN, D.CIFAR10_STD) if name == 'cifar10'
                      else (D.CIFAR100_MEAN, D.CIFAR100_STD))
         train_tf = (D.cifar_train_transform(mean, std) if data_cfg.augment
                     else D.cifar_test_transform(mean, std))
     else:
-        if name == 'digits':
-            train, test = D.get_digits(size=data_cfg.digits_size,
-                                       seed=data_cfg.split_seed)
-        else:
-            train, test = D.get_fashion_mnist(data_cfg.fashion_mnist_root)
         mean, std = D.channel_stats(train.images)
         if train.images.dtype != numpy.uint8:
             mean, std = mean * train.scale, std * train.scale

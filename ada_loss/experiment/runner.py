@@ -286,6 +286,10 @@ class RunFolderLock(object):
 #: console, intervals, plots, a probe or TensorBoard may change for the
 #: rest of a run, docs/fp8_diagnosis.md); not compared on a rerun
 PRESENTATION = ('description', 'layout', 'log')
+#: keys that say how a run's data is obtained, not which data (a fetch keeps
+#: only files with the publishers' checksums): not compared on a rerun
+#: either, so that runs made before they existed are not "changed"
+FETCHING = ('data.download', 'data.mirror')
 
 
 def changed_keys(old, new, prefix=''):
@@ -303,8 +307,9 @@ def changed_keys(old, new, prefix=''):
 def config_changes(saved, current, ignored=()):
     """The dotted keys that determine a run's numbers and differ between
     its ``config.yaml`` (``saved``) and the current config (presentation
-    keys, :data:`PRESENTATION`, and ``ignored`` left out)."""
-    skip = PRESENTATION + tuple(ignored)
+    keys, :data:`PRESENTATION`, the fetch settings, :data:`FETCHING`, and
+    ``ignored`` left out)."""
+    skip = PRESENTATION + FETCHING + tuple(ignored)
     return [k for k in changed_keys(saved, current)
             if not any(k == p or k.startswith(p + '.') for p in skip)]
 

@@ -95,6 +95,12 @@ class Data:
     split_seed: int = setting(0, 'seed of the digits split and subsets',
                               minimum=0)
     augment: bool = setting(False, 'CIFAR only: pad-4 random crop and flip')
+    download: bool = setting(False, 'fetch missing data first, verified '
+                             "against the publishers' checksums (python -m "
+                             'ada_loss.datasets.fetch); false: never download')
+    mirror: Optional[str] = setting(None, 'server holding the publishers\' '
+                                    'file names to fetch from (null: the '
+                                    'publishers\')')
 
 
 @dataclasses.dataclass

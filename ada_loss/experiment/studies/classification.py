@@ -106,6 +106,12 @@ class Data:
         'run.json); drawn outside data.train_size\'s subset where there are '
         'enough, else taken out of the training set (null: none)',
         minimum=1)
+    download: bool = setting(False, 'fetch missing data first, verified '
+                             "against the publishers' checksums (python -m "
+                             'ada_loss.datasets.fetch); false: never download')
+    mirror: Optional[str] = setting(None, 'server holding the publishers\' '
+                                    'file names to fetch from (null: the '
+                                    'publishers\')')
 
 
 @dataclasses.dataclass

@@ -24,6 +24,7 @@ from typing import List, Literal, Optional
 
 import chainer
 
+from ada_loss.datasets.errors import DatasetNotFoundError
 from ada_loss.datasets.voc import VOC_LABEL_NAMES
 from ada_loss.datasets.voc import get_voc_detection_test
 from ada_loss.datasets.voc import get_voc_detection_train
@@ -79,6 +80,29 @@ class Data:
                                        'runs)', minimum=1)
     loaderjobs: int = setting(0, 'data loading processes (0: serial)',
                               minimum=0)
+    download: bool = setting(False, 'fetch VOC07+12 first when missing, '
+                             "verified against the publishers' checksums "
+                             '(python -m ada_loss.datasets.fetch voc); false: '
+                             'never download')
+    mirror: Optional[str] = setting(None, 'server holding the publishers\' '
+                                    'file names to fetch from (null: the '
+                                    'publishers\')')
+
+
+def voc_datasets(data):
+    """VOC07+12 trainval and VOC07 test of a Data section, fetched first
+    (into ``data.voc_root``, else ``$ADA_LOSS_VOC_ROOT``, else Chainer's
+    dataset root) when missing and ``data.download`` is true."""
+    try:
+        root = resolve_voc_root(data.voc_root)
+        return get_voc_detection_train(root), get_voc_detection_test(root)
+    except DatasetNotFoundError:
+        if not data.download:
+            raise
+    from ada_loss.datasets.fetch import fetch    # only when asked
+    root = fetch('voc', data.voc_root, mirror=data.mirror,
+                 log=lambda text: print('[fetch] ' + text, flush=True))
+    return get_voc_detection_train(root), get_voc_detection_test(root)
 
 
 @dataclasses.dataclass
@@ -189,8 +213,7 @@ class DetectionStudy(RC.TrainingStudy):
         any training)."""
         if not cells:
             return None
-        root = resolve_voc_root(cfg.data.voc_root)
-        return get_voc_detection_train(root), get_voc_detection_test(root)
+        return voc_datasets(cfg.data)
 
     # -- the recipe's hooks (ada_loss.experiment.recipe) ----------------------------
     def run_fields(self, run):
