@@ -190,3 +190,87 @@ def test_resume_into_another_model_stops_and_keeps_the_snapshot(
     for name, data in snaps.items():
         with open(os.path.join(folder, name), 'rb') as f:
             assert f.read() == data, name
+
+
+# -- missing data and bad checksums: the real study's preload -------------------
+# (issue 49 item 3: every dataset error a user can land on is one line; VOC
+# and ImageNet: tests/experiment/test_paper_entries.py)
+def _check_real(study, argv, workdir):
+    """Status 2, one ``error:`` line, no traceback, no results folder: the
+    study's own preload runs (data is loaded, or fetched, for real)."""
+    folder, tiny = workdir
+    out = os.path.join(folder, 'results')
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), \
+            contextlib.redirect_stdout(io.StringIO()):
+        status = main(study, ['--config', tiny, '--out', out] + argv)
+    err = err.getvalue()
+    assert status == 2, (argv, status, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), err
+    assert 'Traceback' not in err
+    assert not os.path.exists(out), 'a folder was created for bad input'
+    return lines[0]
+
+
+@pytest.mark.parametrize('argv, reason', [
+    (['--set', 'grid.datasets=[cifar10]', '--set',
+      'data.cifar_root=/nonexistent'], 'ada_loss.datasets.fetch cifar10'),
+    (['--set', 'grid.datasets=[cifar100]', '--set',
+      'data.cifar_root=/nonexistent'], 'ada_loss.datasets.fetch cifar100'),
+    (['--set', 'grid.datasets=[cifar10]', '--set', 'data.cifar_root=WORK'],
+     'nothing usable'),
+    (['--set', 'grid.datasets=[cifar10]', '--set',
+      'data.cifar_root=WORK/tiny.yaml'], 'not a readable tar archive'),
+    (['--set', 'grid.datasets=[fashion_mnist]', '--set',
+      'data.fashion_mnist_root=/nonexistent'],
+     'ada_loss.datasets.fetch fashion_mnist'),
+])
+def test_missing_data_is_one_line(argv, reason, workdir):
+    from ada_loss.experiment.studies.classification import STUDY as REAL
+    argv = [a.replace('WORK', workdir[0]) for a in argv]
+    assert reason in _check_real(REAL, argv, workdir)
+
+
+# data roots a user may give: missing, empty, a file that is no archive,
+# a device, the file system's root, any short text (relative to the
+# current folder); every dataset read from files
+_roots = st.sampled_from([
+    '/nonexistent', 'WORK', 'WORK/tiny.yaml', '/dev/null', '/', '~', '""',
+    'null', '/proc/self', '[a]']) | st.text(max_size=8)
+
+
+@settings(max_examples=examples(300))
+@given(dataset=st.sampled_from(['cifar10', 'cifar100', 'fashion_mnist']),
+       root=_roots)
+def test_bad_data_roots_end_in_one_error_line(workdir, dataset, root):
+    from ada_loss.experiment.studies.classification import STUDY as REAL
+    key = 'fashion_mnist_root' if dataset == 'fashion_mnist' else \
+        'cifar_root'
+    _check_real(REAL, ['--set', 'grid.datasets=[{}]'.format(dataset),
+                       '--set', 'data.{}={}'.format(
+                           key, root.replace('WORK', workdir[0]))], workdir)
+
+
+def test_bad_checksum_or_no_server_on_download_is_one_line(workdir):
+    """``data.download=true`` from a local server whose file is not the
+    publisher's (the real checksum table), then from no server: one line
+    each, and nothing is kept in the data folder."""
+    from ada_loss.experiment.studies.classification import STUDY as REAL
+    import local_server
+    folder, _ = workdir
+    root = os.path.join(folder, 'cifar')
+    base = ['--set', 'grid.datasets=[cifar10]', '--set',
+            'data.cifar_root=' + root, '--set', 'data.download=true']
+    with local_server.LocalServer() as server:
+        server.serve('cifar-10-python.tar.gz',
+                     local_server.cifar10_tarball()[0])
+        line = _check_real(REAL, base + ['--set', 'data.mirror=' +
+                                         server.url], workdir)
+        assert 'c58f30108f718f92721af3b95e74349a' in line, line
+        assert server.requests == ['cifar-10-python.tar.gz']
+        url = server.url
+    assert os.listdir(root) == []
+    line = _check_real(REAL, base + ['--set', 'data.mirror=' + url], workdir)
+    assert 'cannot reach' in line
+    assert os.listdir(root) == []

@@ -98,7 +98,8 @@ def test_table2_config_listing_and_builder(capsys):
 
 
 @pytest.mark.parametrize('entry, key', [('table2_imagenet', 'imagenet_root'),
-                                        ('table3_ssd', 'voc_root')])
+                                        ('table3_ssd', 'voc_root'),
+                                        ('table1', 'cifar_root')])
 def test_missing_data_is_one_error_line(entry, key, tmp_path):
     """Every entry reports missing data the same way: one ``error:`` line,
     exit status 2, no traceback, nothing trained."""
@@ -110,8 +111,9 @@ def test_missing_data_is_one_error_line(entry, key, tmp_path):
         universal_newlines=True, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error: ')
+    assert len(lines) == 1 and lines[0].startswith('error: '), lines
     assert 'Traceback' not in proc.stderr
+    assert 'python -m ada_loss.datasets.fetch' in lines[0]
     assert not os.path.exists(out)
 
 
