@@ -233,11 +233,13 @@ def test_missing_data_is_one_line(argv, reason, workdir):
 
 
 # data roots a user may give: missing, empty, a file that is no archive,
-# a device, the file system's root, any short text (relative to the
-# current folder); every dataset read from files
+# a device, the file system's root, names holding line breaks, any short
+# text (relative to the current folder); every dataset read from files
 _roots = st.sampled_from([
     '/nonexistent', 'WORK', 'WORK/tiny.yaml', '/dev/null', '/', '~', '""',
-    'null', '/proc/self', '[a]']) | st.text(max_size=8)
+    'null', '/proc/self', '[a]',
+    # a folder name holding a line break (YAML escapes): shown escaped
+    r'"/no\nne"', r'"WORK/x\u2028y"', r'"\r"']) | st.text(max_size=8)
 
 
 @settings(max_examples=examples(300))
