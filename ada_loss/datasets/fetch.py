@@ -22,9 +22,9 @@ configured: for CIFAR ``$ADA_LOSS_CIFAR_ROOT``, else
 ``<Chainer's dataset root>/ada_loss/cifar`` (``~/.chainer/dataset`` unless
 ``$CHAINER_DATASET_ROOT`` says otherwise), which :func:`get_cifar` looks
 in last; for VOC ``$ADA_LOSS_VOC_ROOT``, else ``.../ada_loss/voc``; for
-Fashion-MNIST and the KJV text ``.../ada_loss/fashion-mnist`` and
-``.../ada_loss/kjv`` (an entry reads Fashion-MNIST from
-``data.fashion_mnist_root``: the last line printed says what to set).
+Fashion-MNIST ``.../ada_loss/fashion-mnist`` (an entry reads it from
+``data.fashion_mnist_root``: the last line printed says what to set); for
+the KJV text ``$ADA_LOSS_KJV_ROOT``, else ``.../ada_loss/kjv``.
 ``--mirror URL`` fetches the same file names from another server (a lab's
 cache, a local ``http.server``; ``file://`` URLs work too).
 
@@ -33,10 +33,13 @@ data.download=true`` (:func:`ada_loss.experiment.data.load_datasets`).
 """
 import argparse
 import os
+import re
+import shutil
+import subprocess
 import sys
 
+from ada_loss import atomic
 from ada_loss.datasets import download as DL
-from ada_loss.datasets import kjv as KJV
 from ada_loss.datasets import sources as S
 from ada_loss.datasets import unpack
 from ada_loss.datasets.cifar import CIFAR_ROOT_ENV
@@ -64,17 +67,80 @@ IMAGENET_MANUAL = (
     'LOC_val_solution.csv is read too); point ADA_LOSS_IMAGENET_ROOT (or '
     '--set data.imagenet_root=ROOT) at ROOT.')
 
+#: The KJV text: Debian's bible-kjv prints the whole book, one verse a
+#: line (``Ge1:1 In the beginning God created the heaven and the earth.``),
+#: into ``kjv.txt`` -- the file, name and environment variable of the
+#: corpus loader of issue 48 (``ada_loss/datasets/kjv.py`` on its branch),
+#: which makes it the same way; nothing is downloaded. bible-kjv 4.38 prints
+#: 4,404,412 bytes (SHA-256 cd45f0c9...f47229d); another version may format
+#: a line differently, so what is checked is the KJV's 31,102 verses, from
+#: Genesis 1:1 to Revelation 22:21.
+KJV_FILE = 'kjv.txt'
+KJV_ROOT_ENV = 'ADA_LOSS_KJV_ROOT'
+KJV_COMMAND = ('bible', '-f', 'Gen1:1-Rev22:21')
+KJV_VERSES = 31102
+_VERSE = re.compile(r'^[1-3]?[A-Za-z]+\d+:\d+ ')
+
+
+def check_kjv(text, where):
+    """Raises DatasetFetchError unless ``text`` is the whole KJV, one verse
+    a line."""
+    lines = text.splitlines()
+    verses = sum(1 for line in lines if _VERSE.match(line))
+    if (verses != KJV_VERSES or not lines[0].startswith('Ge1:1 ')
+            or not lines[-1].startswith('Rev22:21 ')):
+        raise DatasetFetchError(
+            '{} is not the whole KJV text: {} verse lines from {!r} to {!r}, '
+            'expected {} from Ge1:1 to Rev22:21'.format(
+                where, verses, lines[0][:12] if lines else '',
+                lines[-1][:12] if lines else '', KJV_VERSES))
+
+
+def _fetch_kjv(root, log, timeout=600):
+    path = os.path.join(root, KJV_FILE)
+    if os.path.isfile(path):
+        with open(path, encoding='utf-8', errors='replace') as f:
+            check_kjv(f.read(), path)
+        log('{}: already there, {} verses; not made again'.format(
+            path, KJV_VERSES))
+        return
+    program = shutil.which(KJV_COMMAND[0])
+    if program is None:
+        raise DatasetFetchError(
+            "the KJV text comes from Debian's bible-kjv package, whose "
+            '`bible` program is not on PATH: install it with `apt-get '
+            'install bible-kjv`, then fetch kjv again (nothing is downloaded '
+            'here)')
+    command = ' '.join(KJV_COMMAND)
+    try:
+        # stdin closed: bible would otherwise wait for input on a terminal
+        done = subprocess.run((program,) + KJV_COMMAND[1:],
+                              stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise DatasetFetchError('`{}` did not finish within {} s'.format(
+            command, timeout)) from None
+    if done.returncode != 0:
+        raise DatasetFetchError('`{}` failed with status {}: {}'.format(
+            command, done.returncode, one_line(done.stderr.decode(
+                errors='replace'))[:200] or 'no message'))
+    check_kjv(done.stdout.decode('utf-8', errors='replace'),
+              'the output of `{}`'.format(command))
+    atomic.write_bytes(path, done.stdout)
+    log('{}: {} verses from `{}`'.format(path, KJV_VERSES, command))
+
+
 #: NAME -> one-line description (the command's --help)
 NAMES = {
-    'cifar10': 'CIFAR-10, cifar-10-python.tar.gz (163 MiB), extracted',
-    'cifar100': 'CIFAR-100, cifar-100-python.tar.gz (161 MiB), extracted',
-    'fashion_mnist': 'Fashion-MNIST, its four IDX .gz files (29 MiB)',
-    'voc2007': 'PASCAL VOC2007 trainval and test tarballs (0.9 GiB), '
+    'cifar10': 'CIFAR-10: cifar-10-python.tar.gz, 163 MiB, extracted',
+    'cifar100': 'CIFAR-100: cifar-100-python.tar.gz, 161 MiB, extracted',
+    'fashion_mnist': 'Fashion-MNIST: its four IDX .gz files, 29 MiB',
+    'voc2007': 'PASCAL VOC2007: the trainval and test tarballs, 0.9 GiB, '
                'extracted',
-    'voc2012': 'PASCAL VOC2012 trainval tarball (1.9 GiB), extracted',
-    'voc': 'voc2007 and voc2012 (the SSD recipe\'s 07+12)',
-    'kjv': 'the KJV text, from Debian\'s bible-kjv (`bible`), no network',
-    'imagenet': 'not fetched (its licence): says how to get it',
+    'voc2012': 'PASCAL VOC2012: the trainval tarball, 1.9 GiB, extracted',
+    'voc': 'voc2007 and voc2012, the SSD recipe\'s 07+12',
+    'kjv': 'the KJV text from Debian\'s bible-kjv program, no network',
+    'imagenet': 'not fetched, its licence: the error says how to get it',
 }
 _ALIASES = {'fashion-mnist': 'fashion_mnist', 'voc0712': 'voc'}
 
@@ -87,6 +153,8 @@ def default_fetch_root(name):
     if name.startswith('voc'):
         from ada_loss.datasets.voc import VOC_ROOT_ENV, voc_default_root
         return os.environ.get(VOC_ROOT_ENV) or voc_default_root()
+    if name == 'kjv' and os.environ.get(KJV_ROOT_ENV):
+        return os.environ[KJV_ROOT_ENV]
     return default_root({'fashion_mnist': 'fashion-mnist'}.get(name, name))
 
 
@@ -170,7 +238,7 @@ def fetch(name, root=None, mirror=None, timeout=DL.DEFAULT_TIMEOUT,
         elif name == 'fashion_mnist':
             _fetch_fashion_mnist(root, mirror, timeout, log)
         elif name == 'kjv':
-            KJV.fetch_kjv(root, log=log)
+            _fetch_kjv(root, log)
         else:
             years = {'voc2007': ('2007',), 'voc2012': ('2012',)}.get(
                 name, ('2007', '2012'))
@@ -196,7 +264,8 @@ def _where_read(name, root):
     if name.startswith('voc'):
         return '--set data.voc_root={} (or ADA_LOSS_VOC_ROOT={})'.format(
             root, root)
-    return os.path.join(root, KJV.KJV_FILE)
+    return 'read by the KJV corpus loader with {}={}'.format(
+        KJV_ROOT_ENV, root)
 
 
 def main(argv=None):
@@ -206,8 +275,8 @@ def main(argv=None):
         prog='python -m ada_loss.datasets.fetch',
         description='Fetch a dataset and verify it against its publisher\'s '
                     'checksums.',
-        epilog='NAME: ' + '; '.join('{} ({})'.format(k, v)
-                                    for k, v in NAMES.items()))
+        epilog='NAME -- ' + '; '.join('{} = {}'.format(k, v)
+                                      for k, v in NAMES.items()))
     p.add_argument('name', metavar='NAME', choices=sorted(
         list(NAMES) + list(_ALIASES)), help=', '.join(NAMES))
     p.add_argument('--root', help='folder to fetch into (default: where the '

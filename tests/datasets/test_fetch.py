@@ -247,6 +247,9 @@ def test_kjv_from_the_bible_program_or_the_install_command(
     assert len(lines) == 31102 and lines[0].startswith('Ge1:1 In the '
                                                        'beginning')
     assert lines[-1].startswith('Rev22:21 ')
+    capsys.readouterr()
+    assert F.main(['kjv', '--root', str(tmp_path / 'kjv')]) == 0
+    assert 'not made again' in capsys.readouterr().out
 
 
 def test_command_line_errors_are_one_line_with_status_1(server, cifar10,
