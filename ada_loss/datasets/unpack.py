@@ -20,6 +20,21 @@ from ada_loss.datasets.errors import DatasetFetchError
 from ada_loss.datasets.errors import one_line
 
 
+def _extract_safely(tar, folder, members):
+    """``tar.extractall`` with the ``'data'`` filter, or, on a Python
+    without it (before 3.11.4), after refusing what it would refuse."""
+    if hasattr(tarfile, 'data_filter'):
+        tar.extractall(folder, members=members, filter='data')
+        return
+    for m in members:
+        parts = m.name.split('/')
+        if (m.issym() or m.islnk() or m.isdev() or m.name.startswith('/')
+                or '..' in parts):
+            raise tarfile.TarError('member {!r} is a link, a device or a '
+                                   'path out of the folder'.format(m.name))
+    tar.extractall(folder, members=members)
+
+
 def _extract(archive, root, members=None):
     """The temporary folder under ``root`` holding ``archive``'s members
     (all, or those ``members(name)`` accepts)."""
@@ -33,7 +48,7 @@ def _extract(archive, root, members=None):
             if not chosen:
                 raise DatasetFetchError('{} holds none of the expected files'
                                         .format(archive))
-            tar.extractall(tmp, members=chosen, filter='data')
+            _extract_safely(tar, tmp, chosen)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, (tarfile.TarError, EOFError)):

@@ -323,3 +323,26 @@ def test_no_space_left_on_device(server, tmp_path, how):
     assert 'status=1' in done.stdout, (done.stdout, done.stderr)
     assert 'no space left' in _one_error_line(done.stderr)
     assert 'left=' not in done.stdout, done.stdout
+
+
+def test_an_archive_reaching_out_of_its_folder_is_refused(server, expect,
+                                                          tmp_path):
+    """Even with a matching checksum (a mirror's own archive, say), a member
+    that climbs out of the target folder is not extracted."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode='w:gz') as tar:
+        for name in ('cifar-10-batches-py/test_batch',
+                     'cifar-10-batches-py/../../escaped'):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b'hi'))
+    server.serve(CIFAR10, buf.getvalue())
+    expect(CIFAR10, buf.getvalue())
+    root = tmp_path / 'root'
+    with pytest.raises(DatasetFetchError) as e:
+        F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
+    assert 'not a readable tar archive' in _one_line(e.value)
+    assert sorted(os.listdir(tmp_path)) == ['root']
+    assert os.listdir(root) == [CIFAR10]      # the verified archive only
