@@ -127,9 +127,10 @@ def download(url, path, md5, timeout=DEFAULT_TIMEOUT, log=None):
     with response:
         length = response.headers.get('Content-Length')
         length = int(length) if length and length.isdigit() else None
-        if length is not None and shutil.disk_usage(folder).free < length:
+        free = shutil.disk_usage(folder).free
+        if length is not None and free < length:
             raise _no_space(path, OSError(errno.ENOSPC, 'only {} free'.format(
-                _mib(shutil.disk_usage(folder).free))), length)
+                _mib(free))), length)
         log('downloading {} ({})'.format(
             url, 'size unknown' if length is None else _mib(length)))
         start = time.time()

@@ -346,3 +346,14 @@ def test_an_archive_reaching_out_of_its_folder_is_refused(server, expect,
     assert 'not a readable tar archive' in _one_line(e.value)
     assert sorted(os.listdir(tmp_path)) == ['root']
     assert os.listdir(root) == [CIFAR10]      # the verified archive only
+
+
+def test_a_file_url_mirror(expect, cifar10, tmp_path):
+    """``--mirror file:///folder``: a lab's cache on a shared file system."""
+    data, _ = cifar10
+    (tmp_path / 'cache').mkdir()
+    (tmp_path / 'cache' / CIFAR10).write_bytes(data)
+    expect(CIFAR10, data)
+    root = F.fetch('cifar10', tmp_path / 'root',
+                   mirror='file://' + str(tmp_path / 'cache'))
+    assert len(get_cifar('cifar10', root)[1]) == 4
