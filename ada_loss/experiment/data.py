@@ -115,7 +115,7 @@ def _fetched(name, data_cfg):
     try:
         return _read(name, data_cfg)
     except DatasetNotFoundError:
-        if not getattr(data_cfg, 'download', False) or name == 'digits':
+        if not getattr(data_cfg, 'download', False):
             raise
     # imported here: nothing of the fetcher runs unless asked
     from ada_loss.datasets.fetch import fetch
