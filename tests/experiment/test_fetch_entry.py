@@ -106,3 +106,27 @@ def test_fetch_then_table1_end_to_end(served, tmp_path, monkeypatch):
         info = json.load(f)
     assert info['status'] == 'finished' and info['iterations'] == 20
     assert '| C10 | 20 |' in done.stdout
+
+
+def test_detection_download_fetches_voc(monkeypatch, tmp_path):
+    """``data.download`` on the SSD entries: VOC07+12 fetched from a local
+    server (tarballs cut from the on-disk fixture) into data.voc_root."""
+    import ondisk_fixtures
+    from ada_loss.experiment.config import load
+    from ada_loss.experiment.studies import detection
+    made = ondisk_fixtures.make_vocdevkit(str(tmp_path / 'made'))
+    with L.LocalServer() as server:
+        for name, data in L.voc_tarballs(made).items():
+            server.serve(name, data)
+            monkeypatch.setitem(S.CHECKSUMS, name,
+                                hashlib.md5(data).hexdigest())
+        root = str(tmp_path / 'voc')
+        cfg = load(detection.Config, raw={'data': {
+            'voc_root': root, 'download': True, 'mirror': server.url}})
+        train, test = detection.voc_datasets(cfg.data)
+        assert (len(train), len(test)) == (4, 2)
+        assert len(server.requests) == 3
+        # off: the same root now has the data; nothing more is asked
+        cfg = load(detection.Config, raw={'data': {'voc_root': root}})
+        assert len(detection.voc_datasets(cfg.data)[0]) == 4
+        assert len(server.requests) == 3
