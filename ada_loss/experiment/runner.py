@@ -43,6 +43,7 @@ import time
 from ada_loss.experiment import config as C
 from ada_loss.experiment import runinfo as R
 from ada_loss.training.distributed import create_communicator
+from ada_loss.training.safe_npz import UnsafeNpzError
 from ada_loss.training.snapshot import (SnapshotMismatchError,
                                          snapshot_candidates)
 
@@ -594,7 +595,7 @@ def main(study, argv=None, default_config=None, description=None,
             run_cells(study, cfg, cells, args.out, args.resume, args.force,
                       comm, args.jobs, cache=cache, plan=plan)
         except (RunFolderLocked, C.ConfigError, PermissionError,
-                SnapshotMismatchError) as e:
+                SnapshotMismatchError, UnsafeNpzError) as e:
             return _error(e)          # lock; ranks; permissions; --resume
         except KeyboardInterrupt:
             print('\ninterrupted: the run stopped at its last snapshot (its '
