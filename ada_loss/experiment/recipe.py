@@ -139,8 +139,10 @@ class TrainingStudy(Study):
         spec = getattr(cfg, 'device', None)
         run.device = training_device(spec)
         run.folder = folder = self.folder(out, cfg, cell)
+        data = self.data_record(cfg, cell)      # provenance: run.json data
         info, resuming = open_run(
-            folder, self.run_fields(run) + [('device', spec or '@numpy')],
+            folder, self.run_fields(run) + [('device', spec or '@numpy')] +
+            ([('data', data)] if data is not None else []),
             getattr(cfg, 'description', ''),
             C.dump(self.run_config(cfg, cell)), resume, comm)
         if comm is not None:

@@ -44,7 +44,8 @@ from ada_loss.experiment import recipe as RC
 from ada_loss.experiment import run_folder
 from ada_loss.experiment import settings
 from ada_loss.experiment.config import section, setting
-from ada_loss.experiment.data import dataset_info, load_datasets
+from ada_loss.experiment.data import (data_record, dataset_info,
+                                      load_datasets)
 from ada_loss.experiment.models import build
 from ada_loss.experiment.runner import Study
 from ada_loss.formats import get_format
@@ -297,6 +298,11 @@ class Table4Study(RC.TrainingStudy):
         return self.cell_config(cfg, cell)
 
     stop_keys = ('train.epochs',)
+
+    def data_record(self, cfg, cell):
+        """The resolved data root and the files' sizes and hashes
+        (:func:`~ada_loss.experiment.data.data_record`)."""
+        return data_record(cfg.data.dataset, cfg.data)
 
     def preload(self, cfg, cells):
         return load_data(cfg.data) if cells else None
