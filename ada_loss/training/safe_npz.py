@@ -17,9 +17,12 @@ project loads every ``.npz`` through this module:
 * :class:`CheckingDeserializer` is Chainer's ``NpzDeserializer`` as a dry
   run: each value the target asks for is checked against the file (its
   key present, an array's shape equal and its dtype castable within its
-  kind, a scalar a scalar), before anything is copied in. Chainer's own
-  copy (``numpy.copyto``) broadcasts, so a ``(1,)`` array would silently
-  fill a ``(64, 3, 3, 3)`` weight: the shape check is what refuses it.
+  kind, a scalar a scalar), before anything is copied in; an array's
+  shape and dtype are checked from the member's header before its data are
+  read, so a compressed member of another size is never decompressed.
+  Chainer's own copy (``numpy.copyto``) broadcasts, so a ``(1,)`` array
+  would silently fill a ``(64, 3, 3, 3)`` weight: the shape check is what
+  refuses it.
 * :func:`load_npz` is ``chainer.serializers.load_npz`` on top of both:
   a missing key (``strict``), a key of the file the target never asked for,
   a shape or dtype that does not fit is one :class:`NpzMismatchError` line
@@ -84,9 +87,11 @@ def _name(file):
 def check_members(file):
     """Raises :class:`UnsafeNpzError` if a member of the ``.npz`` ``file``
     (a path or a binary file object) holds Python objects, reading only
-    the members' ``.npy`` headers. A member that is no ``.npy`` array, or
+    the members' ``.npy`` headers; returns {key: (shape, dtype)} of the
+    members whose header it read. A member that is no ``.npy`` array, or
     whose header does not parse, is left to NumPy's reader (which raises
     ``ValueError`` for it)."""
+    headers = {}
     with zipfile.ZipFile(file) as archive:
         for info in archive.infolist():
             if not info.filename.endswith('.npy'):
@@ -97,7 +102,7 @@ def check_members(file):
                     read = (npy_format.read_array_header_1_0
                             if version == (1, 0)
                             else npy_format.read_array_header_2_0)
-                    _, _, dtype = read(member)
+                    shape, _, dtype = read(member)
                 except (ValueError, EOFError, OSError, SyntaxError,
                         TypeError):
                     # version 3.0 (a UTF-8 header) or a damaged one: NumPy
@@ -105,6 +110,8 @@ def check_members(file):
                     continue
             if dtype.hasobject:
                 raise UnsafeNpzError(_name(file), info.filename[:-4])
+            headers[info.filename[:-4]] = (tuple(shape), dtype)
+    return headers
 
 
 class _SafeNpz(object):
@@ -114,10 +121,19 @@ class _SafeNpz(object):
 
     def __init__(self, file):
         self.name = _name(file)
-        check_members(file)
+        try:
+            self.headers = check_members(file) or {}
+        except zipfile.BadZipFile as e:     # not a ValueError: made one
+            raise ValueError('{}: not a readable .npz ({})'.format(
+                self.name, e)) from None
         if hasattr(file, 'seek'):
             file.seek(0)
         self.npz = numpy.load(file, allow_pickle=False)
+
+    def header(self, key):
+        """``(shape, dtype)`` of member ``key`` as its header says (before
+        its data are read), or None."""
+        return self.headers.get(key)
 
     @property
     def files(self):
@@ -214,6 +230,12 @@ class CheckingDeserializer(chainer.serializers.NpzDeserializer):
                 return value
             raise NpzKeyMissing(full, 'lacks {} (the {} holds it)'.format(
                 full, self.holder))
+        header = getattr(self.npz, 'header', lambda key: None)(full)
+        if header is not None and (isinstance(value, numpy.ndarray) or
+                                   hasattr(value, 'device')):
+            # from the header, before the data are read (decompressed): a
+            # member of another size is never loaded
+            self._check_array(full, _Header(*header), value)
         stored = self.npz[full]
         want = _expected_kinds(value)
         if stored.dtype.kind not in want:
@@ -221,11 +243,7 @@ class CheckingDeserializer(chainer.serializers.NpzDeserializer):
                 full, describe(stored), describe(value) if hasattr(
                     value, 'dtype') else 'a ' + type(value).__name__))
         if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
-            if stored.shape != value.shape or not numpy.can_cast(
-                    stored.dtype, value.dtype, 'same_kind'):
-                raise NpzMismatchError(
-                    full, '{} is {}, expected {}'.format(
-                        full, describe(stored), describe(value)))
+            self._check_array(full, stored, value)
         elif value is not None and stored.ndim != 0:
             raise NpzMismatchError(
                 full, '{} is {}, expected a scalar ({})'.format(
@@ -240,6 +258,23 @@ class CheckingDeserializer(chainer.serializers.NpzDeserializer):
             raise NpzMismatchError(full, '{} is {}, which does not fit a {} '
                                    '({})'.format(full, describe(stored),
                                                  type(value).__name__, e))
+
+
+    @staticmethod
+    def _check_array(full, stored, value):
+        """``stored`` (an array or a header) fits the array ``value``."""
+        if stored.dtype.kind not in _expected_kinds(value) or \
+                stored.shape != value.shape or not numpy.can_cast(
+                    stored.dtype, value.dtype, 'same_kind'):
+            raise NpzMismatchError(full, '{} is {}, expected {}'.format(
+                full, describe(stored), describe(value)))
+
+
+class _Header(object):
+    """A member's shape and dtype as its ``.npy`` header says."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
 
 
 def load_npz(file, obj, path='', strict=True):

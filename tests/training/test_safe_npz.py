@@ -5,6 +5,7 @@ Chainer's ``load_npz``; a key, shape or dtype that does not fit is one
 error naming the file and the key."""
 import io
 import os
+import zipfile
 
 import chainer
 import chainer.links as L
@@ -189,3 +190,26 @@ def test_hostile_snapshot_stops_the_resume(tmp_path, which):
     for n, data in kept.items():
         with open(os.path.join(str(tmp_path), n), 'rb') as f:
             assert f.read() == data, n
+
+
+def test_a_member_of_another_shape_is_refused_from_its_header(tmp_path):
+    """The header is checked before the data are read: a member declaring
+    10^9 floats (4 GB once decompressed; here its data are cut to 8 bytes,
+    which reading would fail on differently) is refused by its shape."""
+    from numpy.lib import format as npy_format
+    arrays = _arrays(_model())
+    path = str(tmp_path / 'm.npz')
+    with zipfile.ZipFile(path, 'w') as z:
+        for k, v in arrays.items():
+            if k != '0/W':
+                with z.open(k + '.npy', 'w') as f:
+                    numpy.lib.format.write_array(f, v)
+        with z.open('0/W.npy', 'w') as f:
+            npy_format.write_array_header_1_0(f, {
+                'descr': '<f4', 'fortran_order': False,
+                'shape': (10 ** 9,)})
+            f.write(b'\0' * 8)
+    with pytest.raises(NpzMismatchError) as e:
+        load_npz(path, _model(1))
+    assert str(e.value) == '{}: 0/W is float32 of shape (1000000000,), ' \
+        'expected float32 of shape (4, 3)'.format(path)
