@@ -233,8 +233,12 @@ def cifar_files(name, root=None):
     kind, path = _resolve(spec, root)
     if kind == 'archive':
         return [os.path.abspath(path)]
-    return sorted(os.path.abspath(os.path.join(path, n))
-                  for n in os.listdir(path) if spec.wanted(n))
+    names = [n for n in os.listdir(path) if spec.wanted(n)]
+    if not spec.train_files(names) or spec.test not in names:
+        raise DatasetNotFoundError(_not_found(
+            spec, '{} lacks the training or test file (found: {})'.format(
+                path, ', '.join(sorted(names)) or 'nothing')))
+    return sorted(os.path.abspath(os.path.join(path, n)) for n in names)
 
 
 def _folder_files(spec, folder):

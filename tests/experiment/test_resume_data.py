@@ -180,3 +180,37 @@ def test_digest_is_cached_per_path_size_and_mtime(tmp_path):
     os.utime(path, ns=(1, 10 ** 9))             # another mtime: hashed again
     assert provenance.file_sha256(path) != first
     assert json.dumps(provenance.data_record({}, [path]))   # JSON-able
+
+
+def test_files_recorded_are_the_files_read(tmp_path, monkeypatch):
+    """data_files names what each loader reads: CIFAR's batches (or its
+    archive), Fashion-MNIST's four files, scikit-learn's digits file; a
+    folder the loader cannot use is its DatasetNotFoundError."""
+    import tarfile
+    from types import SimpleNamespace
+    from ada_loss.datasets import DatasetNotFoundError
+    from ada_loss.experiment.data import data_files
+    folder = ondisk_fixtures.make_cifar10(str(tmp_path / 'A'))
+    with open(os.path.join(folder, 'readme.html'), 'w') as f:
+        f.write('not read')
+    cfg = SimpleNamespace(cifar_root=str(tmp_path / 'A'),
+                          fashion_mnist_root=str(tmp_path / 'none'))
+    roots, files = data_files('cifar10', cfg)
+    assert roots == {'cifar_root': folder}
+    assert files == [os.path.join(folder, n) for n in (
+        'data_batch_1', 'data_batch_2', 'test_batch')]
+    archive = str(tmp_path / 'cifar-10-python.tar.gz')
+    with tarfile.open(archive, 'w:gz') as tar:
+        tar.add(folder, 'cifar-10-batches-py')
+    cfg.cifar_root = archive
+    assert data_files('cifar10', cfg) == ({'cifar_root': archive}, [archive])
+    os.makedirs(str(tmp_path / 'E' / 'cifar-10-batches-py'))
+    cfg.cifar_root = str(tmp_path / 'E')
+    with pytest.raises(DatasetNotFoundError, match='lacks the training or '
+                                                   'test file'):
+        data_files('cifar10', cfg)
+    with pytest.raises(DatasetNotFoundError):
+        data_files('fashion_mnist', cfg)
+    roots, files = data_files('digits', cfg)
+    assert [os.path.basename(f) for f in files] == ['digits.csv.gz']
+    assert os.path.isfile(files[0])
