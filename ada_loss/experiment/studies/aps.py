@@ -507,8 +507,13 @@ class Table9Study(Study):
                     'errors': errors}
         return compute_run(self.folder(out, cfg, cell), [
             ('name', self.run_name(cfg, cell)), ('table', cfg.table),
-            ('seed', cell.seed)], C.dump(self.run_config(cfg, cell)),
-            compute)
+            ('seed', cell.seed), ('data', self.data_record(cfg, cell))],
+            C.dump(self.run_config(cfg, cell)), compute)
+
+    def data_record(self, cfg, cell):
+        """The resolved data root and the files' sizes and hashes
+        (:func:`~ada_loss.experiment.data.data_record`)."""
+        return data_record(cfg.data.dataset, cfg.data)
 
     def summary(self, info):
         return '{:<10s} {} ({} errors)'.format(info['name'], info['status'],
