@@ -34,10 +34,14 @@ one, is refused, naming what changed (old → new); equal files under
 another root are the same data (noted, not refused). A ``run.json``
 written before these records (no ``data``) cannot be checked: it is
 reused or continued as before, and the reason printed says ``data
-unverified``.
+unverified``; a run so continued records the data of its continuation
+marked ``earlier_iterations_unverified`` (:func:`run_data`).
 """
 import hashlib
 import os
+
+from ada_loss.experiment import runinfo as R
+from ada_loss.training.snapshot import snapshot_candidates
 
 #: (real path, size, mtime_ns, inode) -> sha256 hex digest, this process
 _DIGESTS = {}
@@ -79,6 +83,25 @@ def data_record(roots, files):
                     for n, e in sorted(entries.items()))
     return {'roots': dict(roots), 'files': entries,
             'fingerprint': hashlib.sha256(lines.encode()).hexdigest()}
+
+
+#: in a ``data`` record: the run was continued from a snapshot whose
+#: run.json held no record, so its earlier iterations' data are unknown
+EARLIER_UNVERIFIED = 'earlier_iterations_unverified'
+
+
+def run_data(record, folder, resume):
+    """The ``data`` field a run writes as it starts in ``folder``:
+    ``record`` (None: the study records none), marked
+    :data:`EARLIER_UNVERIFIED` when the run continues (``resume`` and a
+    snapshot there) from a ``run.json`` without a record, or with that
+    mark (so that a record never vouches for iterations it did not see)."""
+    if record is None or not (resume and snapshot_candidates(folder)):
+        return record
+    old = (R.read_run(folder) or {}).get('data')
+    if old is None or old.get(EARLIER_UNVERIFIED):
+        return dict(record, **{EARLIER_UNVERIFIED: True})
+    return record
 
 
 def _short(digest):
@@ -149,6 +172,8 @@ def check(info, current_data, world_size):
     if changes:
         return 'data changed since it ran ({})'.format('; '.join(changes)), \
             None
-    if old.get('roots') != new['roots']:
-        return None, 'same data files under another root'
-    return None, None
+    notes = (['same data files under another root']
+             if old.get('roots') != new['roots'] else []) + \
+        (['data unverified before its resume from a run.json without data '
+          'records'] if old.get(EARLIER_UNVERIFIED) else [])
+    return None, '; '.join(notes) or None

@@ -139,7 +139,8 @@ def test_runs_without_data_records_stay_reusable(cifar, out_dir,
                                                  monkeypatch, capsys):
     """A run.json written before these records (the committed results):
     reused and continued as before, said to be unverified; --table-only
-    reads it whatever the data."""
+    reads it whatever the data; continued, its record is marked as not
+    covering its earlier iterations."""
     _, b, path, folder = cifar
     info = R.read_run(folder)
     del info['data']
@@ -154,7 +155,13 @@ def test_runs_without_data_records_stay_reusable(cifar, out_dir,
                 'train.max_iterations=4') == 0
     assert 'resume {} (stop point changed; data unverified'.format(
         CELL) in capsys.readouterr().out
-    assert R.read_run(folder)['data']['roots'] == {'cifar_root': b}
+    # its record covers the continuation only, and says so
+    data = R.read_run(folder)['data']
+    assert data['roots'] == {'cifar_root': b}
+    assert data[provenance.EARLIER_UNVERIFIED] is True
+    assert _run(path, out_dir, '--set', 'train.max_iterations=4') == 0
+    assert '(finished; data unverified before its resume from a run.json ' \
+        'without data records)' in capsys.readouterr().out
 
 
 def test_world_size_change_is_refused(cifar, out_dir, capsys):
