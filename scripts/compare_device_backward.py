@@ -34,6 +34,7 @@ from ada_loss.precision import dtype_config  # NOQA: E402
 from ada_loss.scaling.modes import make_loss_scaling  # NOQA: E402
 from ada_loss.training import Classifier  # NOQA: E402
 from ada_loss.training.precision_setup import setup_optimizer  # NOQA: E402
+from ada_loss.training.safe_npz import open_npz  # NOQA: E402
 from ada_loss.training.updater import all_grads_finite  # NOQA: E402
 
 
@@ -101,7 +102,7 @@ def main(argv=None):
                    '(its settings are used)')
     args = p.parse_args(argv)
     if args.compare:
-        ref = numpy.load(args.compare, allow_pickle=False)
+        ref = open_npz(args.compare)        # no pickles
         saved = json.loads(str(ref['settings']))
         for key in ('model', 'width', 'precision', 'mode', 'steps', 'batch',
                     'lr', 'seed'):

@@ -38,6 +38,7 @@ from ada_loss.experiment.data import subset_indices  # NOQA: E402
 from ada_loss.experiment.studies.depth import Downsample  # NOQA: E402
 from ada_loss.formats import get_format  # NOQA: E402
 from ada_loss.loss_scale.fit import top_binade_scale  # NOQA: E402
+from ada_loss.training.safe_npz import load_npz  # NOQA: E402
 
 
 def loss_gradient(model, x, t):
@@ -97,8 +98,12 @@ def main(argv=None):
     mean, std = D.channel_stats(train.images)
     model = models.build(a.model, 10, 1, width=a.width)
     if a.snapshot:
-        chainer.serializers.load_npz(a.snapshot, model,
-                                     path='updater/model:main/predictor/')
+        # no pickles, every array checked: one error line naming the file
+        try:
+            load_npz(a.snapshot, model,
+                     path='updater/model:main/predictor/')
+        except (OSError, ValueError) as e:
+            ap.error('--snapshot {}'.format(e))
     rng = numpy.random.RandomState(a.seed)
     pool = subset_indices(len(train.images), a.train_size, 0)
     down = Downsample(a.downsample)

@@ -43,6 +43,7 @@ from ada_loss.experiment.models import build  # NOQA: E402
 from ada_loss.experiment.studies.depth import Downsample  # NOQA: E402
 from ada_loss.scaling.modes import make_loss_scaling  # NOQA: E402
 from ada_loss.training import Classifier, dtype_config  # NOQA: E402
+from ada_loss.training.safe_npz import open_npz  # NOQA: E402
 
 #: The reference column: FP32's own backward.
 FP32 = 'float32'
@@ -74,7 +75,7 @@ def initial_state(a, precision='mixed16'):
     FP32 model starts from exactly the values the low-precision ones hold
     (a snapshot of a low-precision run holds them already)."""
     if a.snapshot:
-        with numpy.load(a.snapshot) as z:
+        with open_npz(a.snapshot) as z:     # no pickles
             prefix = 'updater/model:main/'
             return {k[len(prefix):]: z[k] for k in z.files
                     if k.startswith(prefix)}

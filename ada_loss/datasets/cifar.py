@@ -214,6 +214,14 @@ class _Files(object):
 
 
 def _find_files(spec, root):
+    kind, path = _resolve(spec, root)
+    return (_archive_files if kind == 'archive' else _folder_files)(spec,
+                                                                    path)
+
+
+def _resolve(spec, root):
+    """``('archive' | 'folder', path)``: where ``root`` (or the environment
+    variable) leads."""
     if root is None:
         root = os.environ.get(CIFAR_ROOT_ENV)
         if not root and os.path.isdir(cifar_default_root()):
@@ -224,18 +232,42 @@ def _find_files(spec, root):
                 'exist'.format(CIFAR_ROOT_ENV, cifar_default_root())))
     root = os.path.expanduser(os.fspath(root))
     if os.path.isfile(root):
-        return _archive_files(spec, root)
+        return 'archive', root
     if not os.path.isdir(root):
         raise DatasetNotFoundError(_not_found(
             spec, '{} does not exist'.format(root)))
     if os.path.isfile(os.path.join(root, spec.test)):
-        return _folder_files(spec, root)
+        return 'folder', root
     if os.path.isdir(os.path.join(root, spec.folder)):
-        return _folder_files(spec, os.path.join(root, spec.folder))
+        return 'folder', os.path.join(root, spec.folder)
     if os.path.isfile(os.path.join(root, spec.archive)):
-        return _archive_files(spec, os.path.join(root, spec.archive))
+        return 'archive', os.path.join(root, spec.archive)
     raise DatasetNotFoundError(_not_found(spec, 'nothing usable in {}'.format(
         root)))
+
+
+def cifar_files(name, root=None):
+    """The files :func:`get_cifar` reads for ``name`` and ``root`` (None:
+    ``$ADA_LOSS_CIFAR_ROOT``), as absolute paths, sorted: the archive, or
+    the extracted folder's batches, test and meta files. Reads none of
+    them (what a run records of its data: ``ada_loss.experiment``).
+
+    Raises:
+        DatasetNotFoundError: as :func:`get_cifar`.
+    """
+    if name not in _SPECS:
+        raise ValueError('unknown CIFAR dataset {!r}; expected one of {}'
+                         .format(name, ', '.join(sorted(_SPECS))))
+    spec = _SPECS[name]
+    kind, path = _resolve(spec, root)
+    if kind == 'archive':
+        return [os.path.abspath(path)]
+    names = [n for n in os.listdir(path) if spec.wanted(n)]
+    if not spec.train_files(names) or spec.test not in names:
+        raise DatasetNotFoundError(_not_found(
+            spec, '{} lacks the training or test file (found: {})'.format(
+                path, ', '.join(sorted(names)) or 'nothing')))
+    return sorted(os.path.abspath(os.path.join(path, n)) for n in names)
 
 
 def _folder_files(spec, folder):

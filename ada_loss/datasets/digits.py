@@ -6,6 +6,8 @@
 they are large enough for a small strided ResNet, which makes them the
 dataset of the demos and tests.
 """
+import os
+
 import numpy
 
 from ada_loss.datasets.image_label_dataset import ImageLabelDataset
@@ -50,3 +52,11 @@ def get_digits(test_ratio=0.2, seed=0, size=16):
     names = [str(d) for d in range(10)]
     return tuple(ImageLabelDataset(images[idx], labels[idx], label_names=names)
                  for idx in (train_idx, test_idx))
+
+
+def digits_files():
+    """The file scikit-learn's ``load_digits`` reads (its bundled
+    ``data/digits.csv.gz``), as a one-element list of its absolute path."""
+    import sklearn.datasets     # imported here, as in get_digits
+    return [os.path.join(os.path.dirname(os.path.abspath(
+        sklearn.datasets.__file__)), 'data', 'digits.csv.gz')]

@@ -52,6 +52,15 @@ def fashion_mnist_available(root=FASHION_MNIST_ROOT):
                for names in _FILES.values() for name in names)
 
 
+def fashion_mnist_files(root=FASHION_MNIST_ROOT):
+    """The files :func:`get_fashion_mnist` reads from ``root`` (absolute
+    paths, in its order; reads none of them); missing ones are left out."""
+    root = os.fspath(root)
+    found = [_locate(root, name) for split in ('train', 'test')
+             for name in _FILES[split]]
+    return [os.path.abspath(p) for p in found if p is not None]
+
+
 def get_fashion_mnist(root=FASHION_MNIST_ROOT):
     """Loads Fashion-MNIST from the IDX files in ``root``.
 

@@ -36,6 +36,7 @@ from ada_loss.detection.normalize import make_normalize_fp32
 from ada_loss.links import as_gemm_link
 from ada_loss.precision import compute_dtype, dtype_config
 from ada_loss.training.precision_setup import apply_precision
+from ada_loss.training.safe_npz import load_npz
 
 #: ChainerCV's SSD mean (RGB, ImageNet) subtracted from input images.
 SSD_MEAN = numpy.array((123, 117, 104), numpy.float32).reshape((-1, 1, 1))
@@ -137,6 +138,12 @@ def build_ssd(name='ssd512', n_fg_class=20, precision='float32',
         pretrained_model: ``None`` or the path of a local ``.npz`` (e.g.
             ChainerCV's VGG-16 ImageNet weights for SSD). ChainerCV's named
             weights ('imagenet', 'voc0712') would be downloaded: refused.
+            Loaded by :func:`ada_loss.training.safe_npz.load_npz` with
+            ``strict=False``: no pickles (an object array is an
+            ``UnsafeNpzError`` naming the file), the model's values the file
+            lacks keep their initialization, a key the model lacks or an
+            array of another shape or dtype kind is an
+            ``NpzMismatchError`` naming the file and the key.
         initialize (bool): initialize every parameter now
             (:func:`initialize_params`; one forward pass).
         seed (int): the run's seed, which seeds NVFP4's stochastic
@@ -153,14 +160,13 @@ def build_ssd(name='ssd512', n_fg_class=20, precision='float32',
                 'file (nothing is downloaded); got {!r}'.format(
                     pretrained_model))
     with dtype_config(precision):
-        if name == 'ssd_tiny':
-            model = TinySSD(n_fg_class)
-            if pretrained_model:
-                chainer.serializers.load_npz(pretrained_model, model,
-                                             strict=False)
-        else:
-            model = _MODELS[name](n_fg_class=n_fg_class,
-                                  pretrained_model=pretrained_model)
+        model = (TinySSD(n_fg_class) if name == 'ssd_tiny'
+                 else _MODELS[name](n_fg_class=n_fg_class))
+        if pretrained_model:
+            # not ChainerCV's own loader (Chainer's load_npz, which unpickles
+            # object arrays): the safe one, partial weights allowed (a
+            # backbone), every array checked against the model
+            load_npz(pretrained_model, model, strict=False)
     model.precision = precision
     apply_precision(model, precision, seed)
     for path, link in model.namedlinks():

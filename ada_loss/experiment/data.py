@@ -23,12 +23,18 @@ set) into the folder it is read from: ``data.cifar_root`` (else
 ``$ADA_LOSS_CIFAR_ROOT``, else Chainer's dataset root), or
 ``data.fashion_mnist_root``. Data already there is read as it is.
 """
+import os
+
 import numpy
 
 import chainer
 
 from ada_loss import datasets as D
+from ada_loss.datasets.cifar import cifar_files
+from ada_loss.datasets.digits import digits_files
 from ada_loss.datasets.errors import DatasetNotFoundError
+from ada_loss.datasets.fashion_mnist import fashion_mnist_files
+from ada_loss.experiment import provenance
 
 #: name -> (number of classes, input channels)
 DATASETS = {
@@ -167,3 +173,32 @@ def load_datasets(name, data_cfg, selection=False):
     if selection:
         out += (val if val is None else D.transform_dataset(val, test_tf),)
     return out
+
+
+def data_files(name, data_cfg):
+    """``(roots, files)``: the resolved root of each data setting
+    :func:`load_datasets` uses for ``name`` ({setting: absolute path}) and
+    the files it reads (absolute paths); reads none of them.
+
+    Raises:
+        ada_loss.datasets.DatasetNotFoundError: as :func:`load_datasets`.
+    """
+    dataset_info(name)
+    if name in ('cifar10', 'cifar100'):
+        files = cifar_files(name, data_cfg.cifar_root)
+        root = files[0] if len(files) == 1 else os.path.dirname(files[0])
+        return {'cifar_root': root}, files
+    if name == 'digits':
+        files = [os.path.realpath(f) for f in digits_files()]
+        return {'digits': os.path.dirname(files[0])}, files
+    root = os.path.abspath(os.fspath(data_cfg.fashion_mnist_root))
+    files = fashion_mnist_files(root)
+    if len(files) < 4:
+        D.get_fashion_mnist(root)       # raises, naming what is missing
+    return {'fashion_mnist_root': root}, files
+
+
+def data_record(name, data_cfg):
+    """What a run on dataset ``name`` records of its data (``run.json``:
+    ``data``; :func:`ada_loss.experiment.provenance.data_record`)."""
+    return provenance.data_record(*data_files(name, data_cfg))

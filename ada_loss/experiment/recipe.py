@@ -61,6 +61,7 @@ import chainer
 import numpy
 
 from ada_loss.experiment import config as C
+from ada_loss.experiment import provenance
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment.devices import training_device
 from ada_loss.experiment.iterators import make_iterator, scatter
@@ -139,8 +140,11 @@ class TrainingStudy(Study):
         spec = getattr(cfg, 'device', None)
         run.device = training_device(spec)
         run.folder = folder = self.folder(out, cfg, cell)
+        data = provenance.run_data(self.data_record(cfg, cell), folder,
+                                   resume)      # run.json: data
         info, resuming = open_run(
-            folder, self.run_fields(run) + [('device', spec or '@numpy')],
+            folder, self.run_fields(run) + [('device', spec or '@numpy')] +
+            ([('data', data)] if data is not None else []),
             getattr(cfg, 'description', ''),
             C.dump(self.run_config(cfg, cell)), resume, comm)
         if comm is not None:

@@ -14,7 +14,9 @@ diverged), ``started``/``updated`` (ISO times), ``blas_threads`` (BLAS /
 OpenMP threads the run used), ``environment`` (:func:`environment`),
 ``resumed`` and ``resumed_from``
 (``snapshot_latest``, ``snapshot_previous`` or null: the snapshot the last
-process continued from).
+process continued from), ``data`` (the resolved data roots and the files
+read, with sizes and hashes, where the study records them:
+:mod:`ada_loss.experiment.provenance`).
 
 Every file of a run folder is replaced atomically (:mod:`ada_loss.atomic`).
 """

@@ -15,7 +15,10 @@ its cells, how one cell trains and which tables it builds — and calls
   finished (or diverged) are skipped, so the same command can be re-run
   after a crash; a changed config is named (``--force`` reruns);
   ``--resume`` continues unfinished runs from their last snapshot (and
-  finished ones whose stop point was raised).
+  finished ones whose stop point was raised). A run whose data files or
+  MPI world size changed since (``run.json``'s ``data``, ``world_size``:
+  :mod:`ada_loss.experiment.provenance`) is neither continued nor reused:
+  refused, naming what changed (``--force`` retrains it).
 * ``--only`` (repeatable; a cell matching any is run): ``key=value`` items
   joined by ``,``, with the keys of the study's cells (e.g. model, dataset,
   mode, seed) and values of one key joined by ``|``. A mode's own options
@@ -41,8 +44,10 @@ import sys
 import time
 
 from ada_loss.experiment import config as C
+from ada_loss.experiment import provenance
 from ada_loss.experiment import runinfo as R
 from ada_loss.training.distributed import create_communicator
+from ada_loss.training.safe_npz import UnsafeNpzError
 from ada_loss.training.snapshot import (SnapshotMismatchError,
                                          snapshot_candidates)
 
@@ -98,6 +103,15 @@ class Study(object):
     #: ``--resume`` continues a finished run when they changed, and they may
     #: change under ``--resume`` (any other key may not)
     stop_keys = ()
+
+    def data_record(self, cfg, cell):
+        """What the cell's run reads as data
+        (:func:`ada_loss.experiment.provenance.data_record`): recorded in
+        its ``run.json`` (``data``) and compared before the run is
+        continued or reused; None (the default): nothing recorded or
+        compared. Reads the files' bytes (cached per process), loads
+        nothing."""
+        return None
 
     def preload(self, cfg, cells):
         """Loads what the cells need (missing files fail here, before any
@@ -323,7 +337,7 @@ def _keys_text(keys):
     return ', '.join(keys[:6]) + (', …' if len(keys) > 6 else '')
 
 
-def decide(study, cfg, cell, out, resume, force):
+def decide(study, cfg, cell, out, resume, force, world_size=1):
     """``('run' | 'resume' | 'skip' | 'refuse', reason)`` for one cell.
 
     A finished (or diverged) run is skipped, naming the keys changed since
@@ -333,7 +347,32 @@ def decide(study, cfg, cell, out, resume, force):
     continues with ``--resume`` when its config is the same but for the
     stop point, and is refused otherwise (``--force`` restarts it): one
     behaviour for every entry, and never two configs in one run.
+
+    A run to be skipped or continued is refused when the data files it
+    read (:meth:`Study.data_record`) or its MPI world size differ from
+    the current ones (``world_size``), naming what changed
+    (:func:`ada_loss.experiment.provenance.check`); a run recorded before
+    the data records is reused or continued with ``data unverified`` in
+    its reason.
     """
+    action, reason = _decide_by_config(study, cfg, cell, out, resume, force)
+    if action not in ('skip', 'resume'):
+        return action, reason
+    info = R.read_run(study.folder(out, cfg, cell))
+    problem, note = provenance.check(
+        info, lambda: study.data_record(cfg, cell), world_size)
+    if problem is not None:
+        return 'refuse', '{}: {}; {}: undo the change, or --force {} ' \
+            'it'.format(study.run_name(cfg, cell), problem,
+                        'reusing it would report numbers of other inputs'
+                        if action == 'skip' else 'continuing it would mix '
+                        'two inputs in one run',
+                        'retrains' if action == 'skip' else 'restarts')
+    return action, reason + ('; ' + note if note else '')
+
+
+def _decide_by_config(study, cfg, cell, out, resume, force):
+    """:func:`decide` by status and ``config.yaml`` alone."""
     folder = study.folder(out, cfg, cell)
     info = R.read_run(folder)
     status = info and info.get('status')
@@ -382,13 +421,16 @@ def decide(study, cfg, cell, out, resume, force):
     return 'resume', what
 
 
-def plan_cells(study, cfg, cells, out, resume=False, force=False):
-    """``[(cell, action, reason)]`` of :func:`decide`.
+def plan_cells(study, cfg, cells, out, resume=False, force=False,
+               world_size=1):
+    """``[(cell, action, reason)]`` of :func:`decide` (``world_size``: the
+    MPI ranks the runs would train on).
 
     Raises:
         RunRefused: naming every refused run, before anything runs.
     """
-    plan = [(c,) + decide(study, cfg, c, out, resume, force) for c in cells]
+    plan = [(c,) + decide(study, cfg, c, out, resume, force, world_size)
+            for c in cells]
     refused = [reason for _, action, reason in plan if action == 'refuse']
     if refused:
         raise RunRefused('{} run{} not run: {}{}'.format(
@@ -422,8 +464,10 @@ def run_cells(study, cfg, cells, out, resume=False, force=False, comm=None,
     ``plan``: what :func:`plan_cells` returned (made here if None)."""
     rank0 = comm is None or comm.rank == 0
     if plan is None:
-        plan = plan_cells(study, cfg, cells, out, resume, force)
+        plan = plan_cells(study, cfg, cells, out, resume, force,
+                          1 if comm is None else comm.size)
     todo = [(c, action) for c, action, _ in plan if action != 'skip']
+    reasons = {c: reason for c, _, reason in plan}
     if rank0:
         log('[grid] {} runs selected: {} to train, {} skipped'.format(
             len(cells), len(todo), len(cells) - len(todo)))
@@ -437,8 +481,10 @@ def run_cells(study, cfg, cells, out, resume=False, force=False, comm=None,
     if jobs == 1:
         for i, (cell, action) in enumerate(todo):
             if rank0:
-                log('[{}/{}] {} {}'.format(i + 1, len(todo), action,
-                                           study.run_name(cfg, cell)))
+                log('[{}/{}] {} {}{}'.format(
+                    i + 1, len(todo), action, study.run_name(cfg, cell),
+                    ' ({})'.format(reasons[cell]) if action == 'resume'
+                    else ''))
             info = run_locked(study, cfg, cell, out, action == 'resume',
                               comm, cache)
             if rank0:
@@ -585,21 +631,22 @@ def main(study, argv=None, default_config=None, description=None,
                           'only trains nothing; leave it out to train the '
                           'grid)'.format(table_dir))
     else:
+        if getattr(cfg, 'distributed', False):
+            # first: the world size is what a rerun is checked against
+            comm = create_communicator('naive')
         try:
             plan = plan_cells(study, cfg, cells, args.out, args.resume,
-                              args.force)
+                              args.force, 1 if comm is None else comm.size)
             check_writable(table_dir)
             cache = study.preload(cfg, [c for c, action, _ in plan
                                         if action != 'skip'])
         except (OSError, ValueError) as e:   # refused; DatasetNotFoundError
             return _error(e)
-        if getattr(cfg, 'distributed', False):
-            comm = create_communicator('naive')
         try:
             run_cells(study, cfg, cells, args.out, args.resume, args.force,
                       comm, args.jobs, cache=cache, plan=plan)
         except (RunFolderLocked, C.ConfigError, PermissionError,
-                SnapshotMismatchError) as e:
+                SnapshotMismatchError, UnsafeNpzError) as e:
             return _error(e)          # lock; ranks; permissions; --resume
         except KeyboardInterrupt:
             print('\ninterrupted: the run stopped at its last snapshot (its '

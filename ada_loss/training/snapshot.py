@@ -21,8 +21,13 @@
   and what the file holds. Loading falls back to ``snapshot_previous`` as
   for an unreadable file; when no snapshot fits, the run stops with that
   error instead of starting afresh, so that a snapshot of another run is
-  never overwritten. Arrays are read without pickles
-  (``allow_pickle=False``): a snapshot cannot run code.
+  never overwritten.
+* **No code from a file**: snapshots are read by
+  :mod:`ada_loss.training.safe_npz` (``allow_pickle=False``, every member's
+  header checked first): a file holding pickled objects is no damaged
+  snapshot but one this project never writes, so loading stops with an
+  :class:`~ada_loss.training.safe_npz.UnsafeNpzError` naming the file
+  (no fallback, nothing overwritten, nothing unpickled).
 """
 import os
 import shutil
@@ -37,6 +42,9 @@ import chainer
 from chainer.training import extension
 
 from ada_loss.training.faults import fault_point
+from ada_loss.training.safe_npz import (
+    CheckingDeserializer, NpzKeyMissing, NpzMismatchError, UnsafeNpzError,
+    open_npz)
 
 LATEST = 'snapshot_latest'
 PREVIOUS = 'snapshot_previous'
@@ -46,14 +54,21 @@ _REQUIRED_KEY = 'updater/iteration'
 
 def check_snapshot(path):
     """``None`` if ``path`` is a complete, readable trainer snapshot, else
-    the reason it is not (a short text)."""
+    the reason it is not (a short text).
+
+    Raises:
+        UnsafeNpzError: the file holds pickled objects (not a damaged
+            snapshot: no run of this project writes one).
+    """
     try:
-        with numpy.load(path, allow_pickle=False) as npz:
+        with open_npz(path) as npz:
             names = list(npz.files)
             for name in names:      # reads and CRC-checks every array
                 npz[name]
     except FileNotFoundError:
         return 'missing'
+    except UnsafeNpzError:
+        raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile,
             zlib.error) as e:
         return '{}: {}'.format(type(e).__name__, e)
@@ -62,93 +77,11 @@ def check_snapshot(path):
     return None
 
 
-class SnapshotMismatchError(ValueError):
-    """A readable snapshot that does not fit the trainer it is loaded
-    into (``key``: the serializer key at fault)."""
-
-    def __init__(self, key, message):
-        self.key = key
-        super(SnapshotMismatchError, self).__init__(message)
-
-    def __str__(self):
-        return self.args[0]
-
-    def __reduce__(self):   # from a --jobs worker to the parent process
-        return type(self), (self.key, self.args[0])
-
-
-class SnapshotKeyMissing(SnapshotMismatchError, KeyError):
-    """A key the trainer holds is not in the snapshot. A KeyError too, as
-    Chainer's deserializer raises, so that the ``serialize`` methods that
-    tolerate a key of a later version (``except KeyError``) still do."""
-
-
-def _describe(array):
-    return '{} of shape {}'.format(array.dtype, array.shape)
-
-
-class _CheckingDeserializer(chainer.serializers.NpzDeserializer):
-    """A dry run of Chainer's NPZ deserializer: each value the trainer asks
-    for is checked against the file. An array is given back as it is, not
-    overwritten; a scalar or text (which Chainer returns, converted) and a
-    value asked for as None (a reader: the random streams' state, optimizer
-    state before the first update) get the stored value, as from Chainer's.
-    The trainer may so take some values of a snapshot that then fails the
-    check; :func:`load_with_fallback` then loads another one in full or
-    stops the run."""
-
-    def __getitem__(self, key):
-        return _CheckingDeserializer(self.npz, self.path + key.strip('/') +
-                                     '/')
-
-    def __call__(self, key, value):
-        full = self.path + key.lstrip('/')
-        if full not in self.npz:
-            raise SnapshotKeyMissing(full, 'lacks {} (the trainer holds '
-                                     'it)'.format(full))
-        stored = self.npz[full]
-        want = _expected_kinds(value)
-        if stored.dtype.kind not in want:
-            raise SnapshotMismatchError(full, '{} is {}, expected {}'.format(
-                full, _describe(stored), _describe(value) if hasattr(
-                    value, 'dtype') else 'a ' + type(value).__name__))
-        if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
-            if stored.shape != value.shape or not numpy.can_cast(
-                    stored.dtype, value.dtype, 'same_kind'):
-                raise SnapshotMismatchError(
-                    full, '{} is {}, expected {}'.format(
-                        full, _describe(stored), _describe(value)))
-        elif value is not None and stored.ndim != 0:
-            raise SnapshotMismatchError(
-                full, '{} is {}, expected a scalar ({})'.format(
-                    full, _describe(stored), type(value).__name__))
-        if value is None:
-            return numpy.array(stored)
-        if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
-            return value        # checked above; the real load copies it in
-        try:    # a scalar or text: Chainer's conversion, which returns it
-            return super(_CheckingDeserializer, self).__call__(key, value)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise SnapshotMismatchError(full, '{} is {}, which does not fit '
-                                        'a {} ({})'.format(
-                                            full, _describe(stored),
-                                            type(value).__name__, e))
-
-
-def _expected_kinds(value):
-    """The NumPy dtype kinds a stored value for ``value`` may have."""
-    if isinstance(value, (str, bytes)):
-        return 'SU'
-    if isinstance(value, (bool, numpy.bool_)):
-        return 'b'
-    if isinstance(value, (int, numpy.integer)):
-        return 'biu'
-    if isinstance(value, (float, numpy.floating)):
-        return 'biuf'
-    if hasattr(value, 'dtype'):
-        return {'b': 'b', 'i': 'biu', 'u': 'biu', 'f': 'biuf',
-                'c': 'biufc'}.get(value.dtype.kind, value.dtype.kind)
-    return 'biufcSU'     # None or another type: any plain array
+#: a readable snapshot that does not fit the trainer it is loaded into
+#: (``key``: the serializer key at fault)
+SnapshotMismatchError = NpzMismatchError
+#: a key the trainer holds is not in the snapshot (a KeyError too)
+SnapshotKeyMissing = NpzKeyMissing
 
 
 def _update_rules(trainer):
@@ -167,12 +100,12 @@ def load_checked(path, trainer):
     """Loads the snapshot ``path`` into ``trainer`` after a dry run that
     checks every value against the trainer (raises
     :class:`SnapshotMismatchError` before any array is copied in)."""
-    with numpy.load(path, allow_pickle=False) as npz:
+    with open_npz(path) as npz:
         # Chainer's UpdateRule.serialize sets its state to {} before asking
         # for its entries: put back what a failed dry run left
         rules = _update_rules(trainer)
         try:
-            _CheckingDeserializer(npz).load(trainer)
+            CheckingDeserializer(npz, holder='trainer').load(trainer)
         except BaseException as e:
             for rule, state in rules:
                 rule._state = state

@@ -3,12 +3,16 @@ round): the loss gradient it measures is Chainer's own backward of the
 batch-mean softmax cross-entropy, and its cast report agrees with an
 independent E4M3 cast (ml_dtypes) on a gradient whose shares are known."""
 
+import gzip
+
 import chainer
 import chainer.functions as F
 import ml_dtypes
 import numpy
 
+from ada_loss.experiment import models
 from ada_loss.formats import get_format
+from npz_payloads import write_hostile
 from repo_modules import load
 
 lg = load('scripts/loss_gradient_in_format.py')
@@ -56,3 +60,70 @@ def test_uniform_softmax_at_batch_128_in_e4m3():
     r = lg.cast_report(g, t, get_format('fp8_e4m3'), 256.0)
     assert r['flushed'] == 0.0 and r['subnormal'] == 0.0
     assert abs(r['off_mass_kept'] - 100.0) < 7.0
+
+
+# -- --snapshot: a trainer snapshot's model, loaded without pickles ----------
+def _fashion_mnist(root):
+    rng = numpy.random.RandomState(0)
+    for prefix, n in (('train', 16), ('t10k', 4)):
+        for kind, array in (('images-idx3', rng.randint(0, 256, (n, 28, 28))),
+                            ('labels-idx1', numpy.arange(n) % 10)):
+            array = numpy.asarray(array, numpy.uint8)
+            header = (0x0800 + array.ndim).to_bytes(4, 'big') + b''.join(
+                d.to_bytes(4, 'big') for d in array.shape)
+            with gzip.open(str(root / '{}-{}-ubyte.gz'.format(prefix, kind)),
+                           'wb') as f:
+                f.write(header + array.tobytes())
+    return str(root)
+
+
+_ARGS = ['--model', 'small_cnn', '--width', '4', '--batches', '4',
+         '--steps', '1', '--formats', 'fp8_e4m3']
+_PREFIX = 'updater/model:main/predictor/'
+
+
+def _snapshot_arrays(seed):
+    numpy.random.seed(seed)
+    saver = chainer.serializers.DictionarySerializer()
+    saver.save(models.build('small_cnn', 10, 1, width=4))
+    return {_PREFIX + k: numpy.array(v) for k, v in saver.target.items()}
+
+
+def test_snapshot_runs_no_code(tmp_path, capsys):
+    """Issue 50 item 5: a snapshot whose array is a pickled object ran it
+    (Chainer's load_npz); now one error line naming the file, nothing
+    run."""
+    root = _fashion_mnist(tmp_path)
+    marker = tmp_path / 'ran'
+    key = _PREFIX + sorted(k for k in _snapshot_arrays(0)
+                           if k.endswith('/W'))[0][len(_PREFIX):]
+    path = write_hostile(tmp_path / 'snapshot_latest', _snapshot_arrays(0),
+                         key, marker)
+    try:
+        lg.main(['--root', root, '--snapshot', path] + _ARGS)
+        status = 0
+    except (SystemExit, ValueError) as e:
+        status = e.code if isinstance(e, SystemExit) else 'raised'
+    assert not marker.exists(), 'loading the snapshot ran the code'
+    assert status == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert path in err and key in err and 'pickled' in err
+
+
+def test_snapshot_round_trip(tmp_path, capsys):
+    """A legitimate snapshot loads: its weights (the initial ones times 4)
+    are the ones measured, not the model's initialization."""
+    root = _fashion_mnist(tmp_path)
+    path = str(tmp_path / 'snapshot_latest')
+    with open(path, 'wb') as f:     # (a path would get '.npz' appended)
+        numpy.savez(f, **{k: v * 4 if k.endswith('/W') else v
+                          for k, v in _snapshot_arrays(0).items()})
+    capsys.readouterr()
+    lg.main(['--root', root] + _ARGS)
+    init = capsys.readouterr().out.split('\n', 1)[1]
+    lg.main(['--root', root, '--snapshot', path] + _ARGS)
+    out = capsys.readouterr().out
+    assert path in out.split('\n', 1)[0]
+    rows = [r for r in out.split('\n', 1)[1].splitlines() if 'fp8' in r]
+    assert len(rows) == 2 and rows != [r for r in init.splitlines()
+                                       if 'fp8' in r]

@@ -44,7 +44,8 @@ from ada_loss.experiment import recipe as RC
 from ada_loss.experiment import run_folder
 from ada_loss.experiment import settings
 from ada_loss.experiment.config import section, setting
-from ada_loss.experiment.data import dataset_info, load_datasets
+from ada_loss.experiment.data import (data_record, dataset_info,
+                                      load_datasets)
 from ada_loss.experiment.models import build
 from ada_loss.experiment.runner import Study
 from ada_loss.formats import get_format
@@ -304,6 +305,11 @@ class Table4Study(RC.TrainingStudy):
 
     stop_keys = ('train.epochs',)
 
+    def data_record(self, cfg, cell):
+        """The resolved data root and the files' sizes and hashes
+        (:func:`~ada_loss.experiment.data.data_record`)."""
+        return data_record(cfg.data.dataset, cfg.data)
+
     def preload(self, cfg, cells):
         return load_data(cfg.data) if cells else None
 
@@ -507,8 +513,13 @@ class Table9Study(Study):
                     'errors': errors}
         return compute_run(self.folder(out, cfg, cell), [
             ('name', self.run_name(cfg, cell)), ('table', cfg.table),
-            ('seed', cell.seed)], C.dump(self.run_config(cfg, cell)),
-            compute)
+            ('seed', cell.seed), ('data', self.data_record(cfg, cell))],
+            C.dump(self.run_config(cfg, cell)), compute)
+
+    def data_record(self, cfg, cell):
+        """The resolved data root and the files' sizes and hashes
+        (:func:`~ada_loss.experiment.data.data_record`)."""
+        return data_record(cfg.data.dataset, cfg.data)
 
     def summary(self, info):
         return '{:<10s} {} ({} errors)'.format(info['name'], info['status'],

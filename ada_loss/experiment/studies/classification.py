@@ -43,7 +43,8 @@ from ada_loss.experiment import settings
 from ada_loss.experiment import summaries
 from ada_loss.experiment import trainer_extensions
 from ada_loss.experiment.config import setting, section
-from ada_loss.experiment.data import DATASETS, dataset_info, load_datasets
+from ada_loss.experiment.data import (DATASETS, data_record, dataset_info,
+                                      load_datasets)
 from ada_loss.experiment.models import MODEL_HELP, build
 from ada_loss.experiment.modes import grid_modes, mode_slug, mode_sort_key
 from ada_loss.loss_scale.dynamic import describe_styles
@@ -344,6 +345,11 @@ class ClassificationStudy(RC.TrainingStudy):
         return out
 
     stop_keys = ('train.max_iterations', 'train.epochs')
+
+    def data_record(self, cfg, cell):
+        """The resolved data roots and the files' sizes and hashes
+        (:func:`~ada_loss.experiment.data.data_record`)."""
+        return data_record(cell.dataset, cfg.for_model(cell.model).data)
 
     def preload(self, cfg, cells):
         """Every dataset the cells need: {(dataset, data section): (train,

@@ -28,7 +28,7 @@ from ada_loss.datasets.errors import DatasetNotFoundError
 from ada_loss.datasets.voc import VOC_LABEL_NAMES
 from ada_loss.datasets.voc import get_voc_detection_test
 from ada_loss.datasets.voc import get_voc_detection_train
-from ada_loss.datasets.voc import resolve_voc_root
+from ada_loss.datasets.voc import resolve_voc_root, voc_year_dir
 from ada_loss.detection.evaluation import make_voc_evaluator
 from ada_loss.detection.model import SSD_MODELS, build_ssd
 from ada_loss.detection.ssd_train_chain import MultiboxTrainChain
@@ -36,6 +36,7 @@ from ada_loss.detection.ssd_train_chain import setup_ssd_optimizer
 from ada_loss.detection.transforms import SSDTrainTransform
 from ada_loss.scaling import parse_mode
 from ada_loss.experiment import config as C
+from ada_loss.experiment import provenance
 from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import tables as T
 from ada_loss.experiment import recipe as RC
@@ -207,6 +208,18 @@ class DetectionStudy(RC.TrainingStudy):
             cell.mode, cfg.train.precision))
 
     stop_keys = ('train.iterations',)
+
+    def data_record(self, cfg, cell):
+        """The resolved VOC root and the split lists read (VOC2007 and
+        VOC2012 trainval, VOC2007 test), hashed; the images and
+        annotations they name are not (docs/reproducibility.md)."""
+        root = os.path.abspath(os.path.expanduser(
+            resolve_voc_root(cfg.data.voc_root)))
+        return provenance.data_record({'voc_root': root}, [
+            os.path.join(voc_year_dir(root, year), 'ImageSets', 'Main',
+                         split + '.txt')
+            for year, split in (('2007', 'trainval'), ('2012', 'trainval'),
+                                ('2007', 'test'))])
 
     def preload(self, cfg, cells):
         """VOC07+12 trainval and VOC07 test (missing files fail here, before
