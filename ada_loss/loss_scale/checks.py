@@ -38,7 +38,7 @@ def positive_float32(name, value):
 
 
 #: how a method stores a numeric option (:func:`stored_number`)
-NUMBER_KINDS = ('int', 'float', 'float32')
+NUMBER_KINDS = ('int', 'float', 'float32', 'cap')
 
 
 def stored_number(kind, value):
@@ -50,7 +50,9 @@ def stored_number(kind, value):
     * ``'float'``: a double (``64`` is 64.0);
     * ``'float32'``: a double rounded to float32, where the method keeps
       the value in float32 as its source framework does (PyTorch's and
-      TensorFlow's scales: ``1000.00001`` is 1000.0).
+      TensorFlow's scales: ``1000.00001`` is 1000.0);
+    * ``'cap'``: a double, an infinite one as None (no cap either way:
+      :func:`no_cap_is_none`).
 
     Any other value (a bool, a string, None) and a number the option's check
     refuses in a way this rounding would hide (a fraction for an int, a
@@ -68,6 +70,8 @@ def stored_number(kind, value):
         double = float(value)
     except OverflowError:       # an int beyond a double's range
         return value
+    if kind == 'cap':
+        return no_cap_is_none(double)
     if kind == 'float':
         return double
     with numpy.errstate(over='ignore', under='ignore'):
@@ -103,6 +107,12 @@ def nonnegative_int(name, value, meaning=''):
         raise ValueError('{} must be an integer >= 0{}, got {!r}'.format(
             name, meaning, value))
     return int(value)
+
+
+def no_cap_is_none(cap):
+    """An optional cap as stored: None for an infinite one (both mean no
+    cap; one state, so one canonical text)."""
+    return None if cap is not None and cap == math.inf else cap
 
 
 def optional_at_least_one(name, value):

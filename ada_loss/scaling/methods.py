@@ -157,11 +157,12 @@ class AdaptiveScaling(LossScaling):
 
     recovers = True
     _impl = 'AdaLossScaled'
-    #: how the numeric options are stored (doubles and ints; a mode's
-    #: canonical text prints them so: :func:`ada_loss.scaling.parse_mode`)
+    #: how the numeric options are stored (doubles, ints, caps: None for
+    #: inf; a mode's canonical text prints them so:
+    #: :func:`ada_loss.scaling.parse_mode`)
     option_kinds = {'init_scale': 'float', 't_uf': 'float',
-                    'update_interval': 'int', 'max_layer_scale': 'float',
-                    'max_accum_scale': 'float', 'backoff_window': 'int'}
+                    'update_interval': 'int', 'max_layer_scale': 'cap',
+                    'max_accum_scale': 'cap', 'backoff_window': 'int'}
 
     def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt=None, bound=None, max_layer_scale=None,
@@ -238,7 +239,7 @@ class AmaxScaling(AdaptiveScaling):
 
     _impl = 'AmaxLossScaled'
     option_kinds = {'init_scale': 'float', 'margin': 'int', 'history': 'int',
-                    'max_accum_scale': 'float', 'backoff_window': 'int'}
+                    'max_accum_scale': 'cap', 'backoff_window': 'int'}
 
     def __init__(self, init_scale=1.0, margin=8, history=16, fmt=None,
                  max_accum_scale=2.0 ** 24, guard=True, backoff_window=100):

@@ -114,6 +114,11 @@ def test_fp16_storage_is_not_an_emulated_pair():
     (['fixed:1e16', 'fixed:10000000000000000'], 'fixed:1e+16'),
     (['adaptive:t_uf=0.001', 'adaptive:t_uf=1e-3', 'adaptive:t_uf=1.000e-03'],
      'adaptive'),
+    # an infinite cap is no cap
+    (['adaptive:max_layer_scale=inf', 'adaptive:max_accum_scale=1e400',
+      'adaptive:max_layer_scale=none', 'adaptive'], 'adaptive'),
+    (['amax:max_accum_scale=inf', 'amax:max_accum_scale=None'],
+     'amax:max_accum_scale=none'),
 ])
 def test_number_spellings_of_one_state_print_one_text(spellings, text):
     assert {_text(s) for s in spellings} == {text}
@@ -226,6 +231,7 @@ NUMBERS = {
     0.5: ['0.5', '.5', '5e-1', '0.50000001'],
     0.8: ['0.8', '8e-1', '0.80', '0.80000001'],
     0.001: ['0.001', '1e-3', '1.0e-03', '0.00100000001'],
+    float('inf'): ['inf', 'Infinity', 'INF', '1e400'],
 }
 #: the format aliases (groups of one format)
 FORMATS = [['fp8_e4m3', 'float8_e4m3fn', 'FP8_E4M3'],
@@ -257,13 +263,14 @@ OPTIONS = {
                  't_uf': [0.001, 0.5, 0.8], 'update_interval': [1, 7],
                  'fmt': list(range(len(FORMATS))),
                  'bound': ['output', 'product', 'gauss', 'fan_in'],
-                 'max_layer_scale': [128, 1e16, 'none'],
-                 'max_accum_scale': [4096, 65536, 'none'],
+                 'max_layer_scale': [128, 1e16, 'none', float('inf')],
+                 'max_accum_scale': [4096, 65536, 'none', float('inf')],
                  'guard': ['true', 'false'], 'backoff_window': [7, 1000],
                  'style': ['paper', 'authors']},
     'amax': {'init_scale': [1, 1000], 'margin': [1, 7], 'history': [7, 128],
              'fmt': list(range(len(FORMATS))),
-             'max_accum_scale': [4096, 65536], 'guard': ['true', 'false'],
+             'max_accum_scale': [4096, 65536, 'none', float('inf')],
+             'guard': ['true', 'false'],
              'backoff_window': [7, 1000]},
 }
 
