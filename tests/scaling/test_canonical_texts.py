@@ -353,3 +353,18 @@ def test_equal_state_iff_equal_text(pair):
     if sa is None and sb is None:
         return
     assert (sa == sb) == (_text(a) == _text(b)), (a, b, _text(a), _text(b))
+
+
+def test_every_numeric_option_has_a_stored_kind():
+    """A number the methods take is canonicalized only through their
+    option_kinds tables: a new numeric option without an entry would print
+    as spelled. The non-numeric ones are the words and the format."""
+    from ada_loss.loss_scale.dynamic import STYLES, style_option_kinds, \
+        style_options
+    from ada_loss.scaling import AmaxScaling
+    from ada_loss.scaling.modes import _allowed_options
+    words = {'fmt', 'bound', 'guard', 'style'}
+    for name, cls in (('adaptive', AdaptiveScaling), ('amax', AmaxScaling)):
+        assert set(cls.option_kinds) == set(_allowed_options(name)) - words
+    for style in STYLES:
+        assert set(style_option_kinds(style)) == set(style_options(style))
