@@ -69,7 +69,8 @@ import chainer
 import numpy
 
 from ada_loss.formats import (
-    DEFAULT_HISTORY, DEFAULT_MARGIN, get_format, make_recipe)
+    DEFAULT_HISTORY, DEFAULT_MARGIN, canonical_format, get_format,
+    make_recipe)
 
 PRECISIONS = ('float32', 'mixed16', 'bf16', 'fp8', 'fp8_e4m3', 'fp8_e5m2')
 #: the scaled precisions' base names (their options: module docstring)
@@ -120,7 +121,11 @@ class Precision(collections.namedtuple(
 
     Attributes:
         name (str): canonical name (``'fp8'``, ``'fwd=float16,bwd=e4m3'``,
-            ``'fp8:recipe=delayed,history=16'``).
+            ``'fp8:recipe=delayed,history=16'``): one per precision, so
+            ``fwd=float8_e4m3fn,bwd=fp8_e4m3`` is ``fp8_e4m3`` and
+            ``fwd=float16,bwd=float8_e5m2`` is ``fwd=float16,bwd=fp8_e5m2``
+            (a format by :func:`~ada_loss.formats.canonical_format`'s
+            name).
         fwd, bwd (FloatFormat): formats of the forward GEMMs and of the
             gradients (a scaled precision: its element formats).
         storage (str): ``'float32'``, or ``'mixed16'`` for Chainer's mixed16
@@ -214,9 +219,18 @@ def parse_precision(text):
     parts = dict(p.partition('=')[::2] for p in key.split(','))
     if set(parts) == {'fwd', 'bwd'} and all(parts.values()):
         try:
-            fwd, bwd = get_format(parts['fwd']), get_format(parts['bwd'])
+            # one object per format's numbers, so one name: float8_e4m3fn
+            # is fp8_e4m3, e5m2 is fp8_e5m2
+            fwd, bwd = (canonical_format(parts[k]) for k in ('fwd', 'bwd'))
         except ValueError as e:
             raise ValueError('bad precision {!r}: {}'.format(text, e))
+        for name in ('float32',) + tuple(_NAMED):
+            # a pair a named precision holds is that precision (same
+            # formats, same float32 storage): fwd=bfloat16,bwd=bfloat16 is
+            # bf16, and its one name is the short one
+            named = parse_precision(name)
+            if (named.fwd, named.bwd) == (fwd, bwd):
+                return named
         return Precision('fwd={},bwd={}'.format(fwd, bwd), fwd, bwd,
                          'float32')
     raise ValueError('unknown precision {!r}; expected {}'.format(

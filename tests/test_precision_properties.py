@@ -3,11 +3,11 @@ every text either parses to a Precision whose canonical name parses back
 to the same object, or raises a ValueError naming the text and, for a
 scaled precision's option, the option and its specific reason
 (docs/reliability.md)."""
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from ada_loss.precision import parse_precision
 
-from property_helpers import assert_specific
+from property_helpers import assert_specific, examples
 
 PLAIN = ['float32', 'mixed16', 'bf16', 'fp8', 'fp8_e4m3', 'fp8_e5m2']
 MX = ['mxfp8', 'mxfp6', 'mxfp4']
@@ -94,3 +94,58 @@ def test_the_reason_of_each_named_defect_is_given():
             assert reason in str(e), str(e)
         else:
             raise AssertionError(text)
+
+
+# -- one precision, one name (issue 50, item 6) -----------------------------
+#: spellings of one format each (aliases, case)
+ONE_FORMAT = [['fp8_e4m3', 'float8_e4m3fn', 'FP8_E4M3'],
+              ['fp8_e5m2', 'float8_e5m2', 'e5m2', 'E05M02'],
+              ['e4m3', 'float8_e4m3', 'e04m3'], ['e3m0', 'E3M0'],
+              ['float32', 'e8m23', 'Float32'], ['bfloat16', 'e8m7'],
+              ['float16', 'e5m10'], ['fp4_e2m1', 'float4_e2m1fn'],
+              ['fp6_e3m2', 'float6_e3m2fn']]
+#: spellings of one scaled precision each (integers and words as parsed)
+ONE_SCALED = [['mxfp8', 'mxfp8:block=32', 'mxfp8:block=032', 'MXFP8:block=+32'],
+              ['mxfp8:block=16', 'mxfp8:block=1_6', 'mxfp8:block=0016'],
+              ['mxfp8:out=bf16', 'mxfp8:out=bfloat16', 'mxfp8:out=BF16'],
+              ['fp8:recipe=delayed,history=16',
+               'fp8:history=016,recipe=delayed'],
+              ['fp8:recipe=current', 'fp8:recipe=current,out=fp32',
+               'fp8:recipe=current,out=float32,pow2=false']]
+
+
+def _named_state(p):
+    """What a precision builds: its formats' numbers, storage and recipe
+    (formats by their numbers)."""
+    def numbers(f):
+        return (f.exp_bits, f.man_bits, f.emax, f.overflow)
+    recipe = None if p.recipe is None else tuple(
+        numbers(v) if hasattr(v, 'exp_bits') else v for v in p.recipe)
+    return numbers(p.fwd), numbers(p.bwd), p.storage, recipe
+
+
+@st.composite
+def _one_precision(draw):
+    """A spelling of a fwd=,bwd= pair, of a named precision, or of a
+    scaled one."""
+    kind = draw(st.sampled_from(['pair', 'named', 'scaled']))
+    if kind == 'pair':
+        i, j = (draw(st.integers(0, len(ONE_FORMAT) - 1)) for _ in 'ij')
+        return 'fwd={},bwd={}'.format(draw(st.sampled_from(ONE_FORMAT[i])),
+                                      draw(st.sampled_from(ONE_FORMAT[j])))
+    if kind == 'named':
+        return draw(st.sampled_from(PLAIN)).upper() if draw(
+            st.booleans()) else draw(st.sampled_from(PLAIN))
+    return draw(st.sampled_from(draw(st.sampled_from(ONE_SCALED))))
+
+
+@settings(max_examples=examples(1000))
+@given(_one_precision(), _one_precision())
+def test_one_precision_one_name(a, b):
+    """Two spellings have one canonical name exactly when they build the
+    same precision (fwd=bfloat16,bwd=e8m7 is bf16), and the name parses
+    back to it."""
+    pa, pb = parse_precision(a), parse_precision(b)
+    assert parse_precision(pa.name) == pa and parse_precision(pb.name) == pb
+    assert (_named_state(pa) == _named_state(pb)) == (pa.name == pb.name), \
+        (a, b, pa.name, pb.name)

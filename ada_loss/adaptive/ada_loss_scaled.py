@@ -15,7 +15,7 @@ from ada_loss.functions.scales import (
 from ada_loss.links import as_gemm_link
 from ada_loss.loss_scale.fit import top_binade_scale
 from ada_loss.loss_scale.checks import (
-    in_open_unit, optional_at_least_one, positive_int)
+    in_open_unit, no_cap_is_none, optional_at_least_one, positive_int)
 from ada_loss.loss_scale.gemm import (
     authors_caps, authors_raw_scale, authors_round_pow2, bound_gain,
     check_bound, check_scale, gemm_loss_scale, loss_gradient_scale, max_abs,
@@ -144,8 +144,9 @@ class AdaLossScaled(object):
         self.fmt = get_format(fmt)
         self.bound = check_bound(bound)
         self.style = style
-        self.max_layer_scale = max_layer_scale
-        self.max_accum_scale = max_accum_scale
+        # (an infinite cap is no cap: stored as None)
+        self.max_layer_scale = no_cap_is_none(max_layer_scale)
+        self.max_accum_scale = no_cap_is_none(max_accum_scale)
         self.guard = guard
         self.backoff_window = int(backoff_window)
         # a layer's backoff stops at the format's range in binades (u_min to

@@ -61,10 +61,10 @@ from chainer.functions.connection import linear as _c_linear
 from chainer.functions.math import matmul as _c_matmul
 
 from ada_loss.formats import get_format
-from ada_loss.formats.widen import widen
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.functions.matmul import MatMulFunction
-from ada_loss.functions.scales import device_kernels, is_device_scalar
+from ada_loss.functions.scales import (
+    device_kernels, is_device_scalar, scaled)
 from ada_loss.loss_scale.branch import common_scale
 from ada_loss.loss_scale.fit import fit_ratio, overflows  # NOQA (re-exported)
 from ada_loss.loss_scale.gemm import max_abs
@@ -165,13 +165,9 @@ class HostScales(object):
         underflow."""
         if ratio == 1:
             return v
-        a = v.array
-        if a.dtype == numpy.float16:
-            # 2^-k may itself be below FP16's range: scale in FP32, round
-            # once.
-            a = (widen(a) * numpy.float32(ratio)).astype(a.dtype)
-        else:
-            a = a * a.dtype.type(ratio)
+        # (2^-k may itself be below FP16's, or FP32's, range: scaled()
+        # rounds the exact product once)
+        a = scaled(v.array, ratio)
         # NumPy turns a 0-dim array times a scalar into a scalar (the loss).
         return chainer.Variable(chainer.utils.force_array(a),
                                 requires_grad=False)

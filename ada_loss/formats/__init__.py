@@ -2,7 +2,8 @@
 
 * :func:`get_format` / :class:`FloatFormat`: float32, float16, bfloat16, OCP
   FP8 (E4M3, E5M2), FP6/FP4, and any IEEE-style ``e<E>m<M>``, each with
-  ``u_min``, ``u_max`` and ``quantize``.
+  ``u_min``, ``u_max`` and ``quantize``; :func:`canonical_format`: the one
+  object (and name) of a format's numbers, for canonical texts.
 * :func:`quantize_mx`: MX block scaling (OCP MX v1.0; TE's
   ``MXFP8BlockScaling`` scale rule), dequantized values.
 * :func:`quantize_nvfp4`: NVFP4 (E2M1, E4M3 scales per 16 values or
@@ -22,7 +23,7 @@
 * :func:`narrow`: float32 → float16, bit for bit NumPy's cast, fast.
 """
 from ada_loss.formats.float_format import (  # NOQA
-    OVERFLOW_POLICIES, FloatFormat, get_format)
+    OVERFLOW_POLICIES, FloatFormat, canonical_format, get_format)
 from ada_loss.formats.mx import (  # NOQA
     SCALE_ROUNDINGS, mx_scale_exponents, quantize_mx)
 from ada_loss.formats.blockwise import quantize_blockwise  # NOQA

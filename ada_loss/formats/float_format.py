@@ -241,8 +241,9 @@ def _make(name):
                 return _make('bfloat16')
             ml = {(5, 2): 'float8_e5m2', (4, 3): 'float8_e4m3',
                   (3, 4): 'float8_e3m4'}.get((e, m))
-            return FloatFormat(name, e, m, _ieee(e, m), 'inf', None,
-                               _ml(ml) if ml else None)
+            # named by its numbers (e04m3 is e4m3: one object, one name)
+            return FloatFormat('e{}m{}'.format(e, m), e, m, _ieee(e, m),
+                               'inf', None, _ml(ml) if ml else None)
         raise ValueError(
             'impossible format {!r}: exponent bits must be 2..8 and mantissa '
             'bits 0..23 (values must be representable in float32); accepted: '
@@ -283,3 +284,21 @@ def get_format(fmt):
         # one object per format (e8m23 is float32)
         _CACHE[key] = _CACHE.setdefault(f.name, f)
     return _CACHE[key]
+
+
+def canonical_format(fmt):
+    """The one :class:`FloatFormat` of ``fmt``'s numbers (any name
+    :func:`get_format` accepts, or a FloatFormat): the object whose
+    ``name`` the canonical texts of modes and precisions print
+    (``adaptive:fmt=...``, ``fwd=...,bwd=...``).
+
+    Every alias already gives one object (``float8_e4m3fn`` and
+    ``fp8_e4m3``; ``e8m23`` and ``float32``), except ``e5m2``, kept its own
+    object for the APS studies' labels while its numbers are those of
+    ``fp8_e5m2``: here it is ``fp8_e5m2``, so that one format is one text.
+    The name is the project's (:attr:`FloatFormat.name`), not ml_dtypes'
+    (:attr:`FloatFormat.canonical_name`): configs, run folders and tables
+    already carry it."""
+    f = get_format(fmt)
+    ml = _CANONICAL.get((f.exp_bits, f.man_bits, f.overflow))
+    return get_format(ML_DTYPES_NAMES[ml]) if ml else f

@@ -858,8 +858,13 @@ def loss_gradient_alpha(parts, loss, old, rule, fmt, t_uf, max_loss_scale,
     return out
 
 
+# The product in FP64, rounded once to float (then to T, exact unless T is
+# float16, where the float result is already exact or far below FP16's
+# range): exact for every power of two r a double holds, as the host's
+# scaled() — a (float)r would be inf for r >= 2^128 and 0 for r < 2^-149,
+# while the overflow decision (fit_ratio) judges r · max|x| as a double.
 _rescale_f = cupy.ElementwiseKernel(
-    'T x, float64 r', 'T y', 'y = (T)((float)x * (float)r)',
+    'T x, float64 r', 'T y', 'y = (T)(float)((double)(float)x * r)',
     'ada_loss_rescale_f')
 _rescale_d = cupy.ElementwiseKernel(
     'T x, float64 r', 'T y', 'y = x * r', 'ada_loss_rescale_d')
@@ -867,8 +872,8 @@ _rescale_d = cupy.ElementwiseKernel(
 # two rescalings followed by Chainer's F.add, in one pass.
 _rescale_add = cupy.ElementwiseKernel(
     'T x0, float64 r0, T x1, float64 r1', 'T y',
-    'y = (T)((float)(T)((float)x0 * (float)r0)'
-    ' + (float)(T)((float)x1 * (float)r1))',
+    'y = (T)((float)(T)(float)((double)(float)x0 * r0)'
+    ' + (float)(T)(float)((double)(float)x1 * r1))',
     'ada_loss_rescale_add')
 
 

@@ -117,6 +117,12 @@ class DynamicLossScale(_Style):
 
     style = 'pytorch'
     _state_keys = ('scale', 'clean_steps')
+    #: how each option is stored (:func:`~ada_loss.loss_scale.checks.
+    #: stored_number`): the scale in float32; the factors are doubles
+    #: (``_amp_update_scale_`` takes them as double and rounds the product)
+    option_kinds = {'init_scale': 'float32', 'growth_factor': 'float',
+                    'backoff_factor': 'float', 'growth_interval': 'int',
+                    'min_scale': 'float', 'max_scale': 'float'}
 
     def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0,
                  backoff_factor=0.5, growth_interval=2000,
@@ -171,6 +177,9 @@ class ChainerLossScale(_Style):
 
     style = 'chainer'
     _state_keys = ('scale', 'overflowed_ever')
+    #: how each option is stored: Chainer's scale is a Python float
+    option_kinds = {'interval': 'int', 'init_scale': 'float',
+                    'min_scale': 'float', 'max_scale': 'float'}
 
     def __init__(self, interval=1000, init_scale=1.0, min_scale=1.0,
                  max_scale=65504.0):
@@ -221,6 +230,12 @@ class TFLossScale(_Style):
 
     style = 'tf'
     _state_keys = ('scale', 'good_steps', 'bad_steps')
+    #: how each option is stored: the scale in float32, and the ratios too
+    #: (TF multiplies the float32 scale by them as float32 tensors)
+    option_kinds = {'init_scale': 'float32', 'incr_every_n_steps': 'int',
+                    'decr_every_n_nan_or_inf': 'int', 'incr_ratio': 'float32',
+                    'decr_ratio': 'float32', 'min_scale': 'float',
+                    'max_scale': 'float'}
 
     def __init__(self, init_scale=2.0 ** 32, incr_every_n_steps=1000,
                  decr_every_n_nan_or_inf=2, incr_ratio=2.0, decr_ratio=0.5,
@@ -230,8 +245,12 @@ class TFLossScale(_Style):
                                                 incr_every_n_steps)
         self.decr_every_n_nan_or_inf = _positive_int(
             'decr_every_n_nan_or_inf', decr_every_n_nan_or_inf)
-        self.incr_ratio = _factor_above_one('incr_ratio', incr_ratio)
-        self.decr_ratio = _factor_below_one('decr_ratio', decr_ratio)
+        # stored as used: rounded to float32 (so 2 and 2.00000001 are one
+        # state), and checked again after rounding (1.00000001 is 1.0)
+        self.incr_ratio = _factor_above_one('incr_ratio as a float32', _f32(
+            _factor_above_one('incr_ratio', incr_ratio)))
+        self.decr_ratio = _factor_below_one('decr_ratio as a float32', _f32(
+            _factor_below_one('decr_ratio', decr_ratio)))
         self._set_clamps(min_scale, max_scale)
         self.good_steps = 0
         self.bad_steps = 0
@@ -240,9 +259,9 @@ class TFLossScale(_Style):
         """Advances the state after one step; returns the new scale."""
         if not found_overflow:
             if self.good_steps + 1 >= self.incr_every_n_steps:
-                # float32 tensor times the ratio converted to float32; the
+                # float32 tensor times the ratio (stored as a float32); the
                 # exact product of two float32 rounds the same way
-                grown = _f32_grown(self.scale * _f32(self.incr_ratio))
+                grown = _f32_grown(self.scale * self.incr_ratio)
                 if math.isfinite(grown):
                     self.scale = self._clamp(grown)
                 self.good_steps = self.bad_steps = 0
@@ -251,7 +270,7 @@ class TFLossScale(_Style):
         else:
             if self.bad_steps + 1 >= self.decr_every_n_nan_or_inf:
                 self.scale = self._clamp(
-                    _f32(self.scale * _f32(self.decr_ratio)))
+                    _f32(self.scale * self.decr_ratio))
                 self.good_steps = self.bad_steps = 0
             else:
                 self.bad_steps += 1
@@ -266,6 +285,14 @@ _CLASSES = {'pytorch': DynamicLossScale, 'chainer': ChainerLossScale,
 def style_options(style):
     """The option names a style accepts, in signature order."""
     return list(style_defaults(style))
+
+
+def style_option_kinds(style):
+    """{option: how the style stores it} (``'int'``, ``'float'``,
+    ``'float32'``; :func:`~ada_loss.loss_scale.checks.stored_number`): what
+    a mode's canonical text rounds a value to, so that two spellings of
+    one state are one text."""
+    return dict(_CLASSES[check_style(style)].option_kinds)
 
 
 def style_defaults(style):

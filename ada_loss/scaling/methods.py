@@ -12,7 +12,7 @@ import numpy
 
 from ada_loss import adaptive
 from ada_loss.errors import NonFiniteGradientError  # NOQA (re-exported)
-from ada_loss.formats import get_format
+from ada_loss.formats import canonical_format, get_format
 from ada_loss.functions.scales import host_float
 from ada_loss.loss_scale.dynamic import make_dynamic_loss_scale
 from ada_loss.loss_scale.gemm import check_scale
@@ -157,6 +157,12 @@ class AdaptiveScaling(LossScaling):
 
     recovers = True
     _impl = 'AdaLossScaled'
+    #: how the numeric options are stored (doubles, ints, caps: None for
+    #: inf; a mode's canonical text prints them so:
+    #: :func:`ada_loss.scaling.parse_mode`)
+    option_kinds = {'init_scale': 'float', 't_uf': 'float',
+                    'update_interval': 'int', 'max_layer_scale': 'cap',
+                    'max_accum_scale': 'cap', 'backoff_window': 'int'}
 
     def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt=None, bound=None, max_layer_scale=None,
@@ -172,7 +178,8 @@ class AdaptiveScaling(LossScaling):
         self.options = options
         self.ada = None
         if options.get('fmt') is not None:
-            self.fmt = get_format(options['fmt'])
+            # the one object of the format's numbers (e5m2 is fp8_e5m2)
+            self.fmt = canonical_format(options['fmt'])
         # Validate now, before any model exists (bad input stops early).
         built = self._build(chainer.Chain(), verbose=False)
         if 'bound' in options:
@@ -187,7 +194,7 @@ class AdaptiveScaling(LossScaling):
     def set_format(self, fmt):
         """Targets ``fmt`` unless the mode named a format itself."""
         if self.options.get('fmt') is None:
-            self.fmt = get_format(fmt)
+            self.fmt = canonical_format(fmt)
 
     def bind(self, model, verbose=True):
         self.ada = self._build(model, verbose)
@@ -231,6 +238,8 @@ class AmaxScaling(AdaptiveScaling):
     to u_max / 2^margin."""
 
     _impl = 'AmaxLossScaled'
+    option_kinds = {'init_scale': 'float', 'margin': 'int', 'history': 'int',
+                    'max_accum_scale': 'cap', 'backoff_window': 'int'}
 
     def __init__(self, init_scale=1.0, margin=8, history=16, fmt=None,
                  max_accum_scale=2.0 ** 24, guard=True, backoff_window=100):

@@ -4,8 +4,12 @@ import collections
 import inspect
 import math
 
-from ada_loss.formats import get_format
-from ada_loss.loss_scale.dynamic import check_style, style_defaults
+import numpy
+
+from ada_loss.formats import canonical_format, get_format
+from ada_loss.loss_scale.checks import stored_number
+from ada_loss.loss_scale.dynamic import (
+    check_style, style_defaults, style_option_kinds)
 from ada_loss.precision import parse_precision
 from ada_loss.scaling.methods import (
     AdaptiveScaling, AmaxScaling, DynamicScaling, FixedScaling, NoScaling)
@@ -22,12 +26,17 @@ class LossScalingSpec(collections.namedtuple('LossScalingSpec',
     """A parsed mode: ``name`` in :data:`MODES`, ``options`` a dict.
 
     :func:`parse_mode` makes it canonical (as :func:`parse_precision` does
-    a precision): the name and text values lower case, options equal to
-    their default left out, so every spelling of one mode is one spec, and
-    ``str(spec)`` (:meth:`text`) its one canonical text (``DYNAMIC:style=
-    Chainer`` -> ``dynamic:style=chainer``; ``dynamic:style=pytorch`` ->
-    ``dynamic``; ``amax:margin=8`` -> ``amax``), used for folder names,
-    ``run.json`` and tables."""
+    a precision): the name and text values lower case, a format by its one
+    name (``fmt=float8_e4m3fn`` -> ``fmt=fp8_e4m3``), a number as the
+    method stores it (an int, a double, or a double rounded to float32
+    where the method keeps it in float32: ``dynamic:init_scale=1000.00001``
+    is ``init_scale=1000``), options equal to their default left out, so
+    every spelling of one mode is one spec, and ``str(spec)``
+    (:meth:`text`) its one canonical text (``DYNAMIC:style=Chainer`` ->
+    ``dynamic:style=chainer``; ``dynamic:style=pytorch`` -> ``dynamic``;
+    ``amax:margin=8`` -> ``amax``; ``fixed:1e3`` -> ``fixed:1000``), used
+    for folder names, ``run.json`` and tables. Numbers print by one rule
+    (:func:`_value_text`)."""
 
     __slots__ = ()
 
@@ -36,15 +45,12 @@ class LossScalingSpec(collections.namedtuple('LossScalingSpec',
 
     def __str__(self):
         if self.name == 'fixed':
-            # short where that is exact (fixed:128), else every digit
-            scale = self.options['scale']
-            short = '{:g}'.format(scale)
-            return 'fixed:' + (short if float(short) == scale
-                               else repr(scale))
+            return 'fixed:' + _value_text(self.options['scale'])
         if not self.options:
             return self.name
+        kinds = _option_kinds(self.name, self.options.get('style'))
         return '{}:{}'.format(self.name, ','.join(
-            '{}={}'.format(k, _value_text(v))
+            '{}={}'.format(k, _value_text(v, kinds.get(k) == 'float32'))
             for k, v in sorted(self.options.items())))
 
     def text(self):
@@ -52,15 +58,38 @@ class LossScalingSpec(collections.namedtuple('LossScalingSpec',
         return str(self)
 
 
-def _value_text(v):
-    """An option value in the canonical text: an integral number without
-    its ``.0`` (``update_interval=100.0`` is ``update_interval=100``), a
-    boolean as the mode string spells it (``guard=false``)."""
+def _value_text(v, single=False):
+    """An option value (or a fixed scale) in the canonical text, by one
+    rule for every number: a double that is an integer below 2^53 in
+    magnitude as that integer (``65536``, not ``65536.0`` nor
+    ``6.5536e+04``), any other in the fewest digits that read back as the
+    same value, written as Python's ``repr`` writes a double (``0.001``,
+    ``1e+16``, ``inf``); an int in digits; a boolean and None as a mode
+    string spells them (``guard=false``, ``none``). ``single``: the value
+    is stored as a float32 (:func:`_canonical_options`), so "the same
+    value" is the same float32 (``0.8``, not ``0.800000011920929``, for
+    float32's 0.8). Which of int, double and float32 a number is, is the
+    option's, so one stored value has one text."""
     if isinstance(v, bool):
         return 'true' if v else 'false'     # as written in a mode string
-    if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53:
-        return str(int(v))
+    if v is None:
+        return 'none'
+    if isinstance(v, float):
+        if v.is_integer() and abs(v) < 2 ** 53:
+            return str(int(v))
+        if single and _is_float32(v):
+            # float32's shortest digits, as a double: its repr is those
+            # digits (no shorter text is nearer the float32 value)
+            v = float(numpy.format_float_scientific(
+                numpy.float32(v), unique=True, trim='-'))
+        return repr(v)
     return str(v)
+
+
+def _is_float32(v):
+    """Whether the double ``v`` is a finite float32 value."""
+    with numpy.errstate(over='ignore'):
+        return math.isfinite(v) and float(numpy.float32(v)) == v
 
 
 def _number(text, what):
@@ -80,8 +109,12 @@ def _parse_value(text):
         v = float(text)
     except ValueError:
         return text.strip()
-    return int(v) if v.is_integer() and 'e' not in low and '.' not in low \
-        else v
+    if v.is_integer() and 'e' not in low and '.' not in low:
+        try:
+            return int(low)     # every digit (float() rounds beyond 2^53)
+        except ValueError:      # digits beyond int()'s limit
+            return v
+    return v
 
 
 def _option_defaults(name):
@@ -97,22 +130,62 @@ def _allowed_options(name):
     return list(_option_defaults(name))
 
 
-def _canonical_options(name, options):
-    """``options`` without those equal to their default (a dynamic style's
-    own defaults included); text values lower case (the methods read
-    them case-insensitively: style, bound, fmt, init_scale=auto)."""
-    options = {k: v.lower() if isinstance(v, str) else v
-               for k, v in options.items()}
-    defaults = {k: [v] for k, v in _option_defaults(name).items()}
+def _option_kinds(name, style):
+    """{numeric option: how the method stores it} (``'int'``, ``'float'``,
+    ``'float32'``), the methods' own tables; a dynamic ``style`` None is
+    the default style, an unknown one has none (its options are not
+    rounded: make_loss_scaling names the style)."""
     if name == 'dynamic':
         try:
-            style = check_style(options.get('style') or 'pytorch')
+            return style_option_kinds('pytorch' if style is None else style)
         except ValueError:
-            style = None            # make_loss_scaling names the bad style
+            return {}
+    return {'adaptive': AdaptiveScaling, 'amax': AmaxScaling}[
+        name].option_kinds
+
+
+def _canonical_format(value):
+    """A format option's value by its one name (``float8_e4m3fn`` and
+    ``FP8_E4M3`` are ``fp8_e4m3``, ``e5m2`` is ``fp8_e5m2``); a value that
+    names no format as given (the method names it)."""
+    try:
+        return canonical_format(value).name
+    except ValueError:
+        return value
+
+
+def _canonical_options(name, options):
+    """``options`` as the method stores them, without those equal to their
+    default (a dynamic style's own defaults included): text values lower
+    case (the methods read them case-insensitively: style, bound,
+    init_scale=auto), a format by its one name, a number as the method
+    stores it (:func:`~ada_loss.loss_scale.checks.stored_number`), so that
+    two spellings of one state are one spec and one text."""
+    options = {k: v.lower() if isinstance(v, str) else v
+               for k, v in options.items()}
+    if isinstance(options.get('fmt'), str):
+        options['fmt'] = _canonical_format(options['fmt'])
+    defaults = {k: [v] for k, v in _option_defaults(name).items()}
+    style = None
+    if name == 'dynamic':
+        given = options.get('style')
+        try:
+            # (None is the default style; 0 or false is no style)
+            style = check_style('pytorch' if given is None else given)
+        except ValueError:
+            pass                    # make_loss_scaling names the bad style
         if style is not None:
             options['style'] = style
             for k, v in style_defaults(style).items():
                 defaults[k].append(v)
+    kinds = _option_kinds(name, options.get('style'))
+    for k, v in options.items():
+        if k in kinds:
+            options[k] = stored_number(kinds[k], v)
+        elif isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53:
+            # a number no method stores here (an option of another dynamic
+            # style: refused when built) as its text reads back: 2.0 is 2
+            options[k] = int(v)
     if name == 'adaptive':
         # the overflow bound's default follows the style: the paper's text
         # takes this project's 'output', the authors' code its 'fan_in'

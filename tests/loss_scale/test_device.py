@@ -163,22 +163,30 @@ def test_rescale_equals_numpy_path(dtype):
     y = (rng.standard_normal(4096) * 2.0 ** rng.uniform(-30, 15, 4096)
          ).astype(dtype)
 
+    def exact(a, r):
+        # the exact product (float64 holds it), rounded once
+        return (a.astype(numpy.float64) * r).astype(dtype)
+
     def same(got, ref):
         # equal bits, NaN payloads aside (a GPU writes its canonical NaN)
         n = numpy.isnan(ref)
         return numpy.array_equal(numpy.isnan(got), n) and \
             numpy.array_equal(got[~n].view(bits), ref[~n].view(bits))
     with numpy.errstate(over='ignore', invalid='ignore'):
-        for e in (-30, -8, -1, 0, 3, 20):
+        # (2^-160, 2^130, 2^140: beyond float32's range, the product exact
+        # as on the host, issue 50 item 9)
+        for e in (-160, -30, -8, -1, 0, 3, 20, 130, 140):
             r = 2.0 ** e
-            ref = (x.astype(numpy.float32) * numpy.float32(r)).astype(dtype)
+            ref = exact(x, r)
+            if -126 <= e <= 127:
+                assert same(ref, (x.astype(numpy.float32) * numpy.float32(r)
+                                  ).astype(dtype))
             got = to_cpu(d.rescale(to_gpu(x), d.scalar(r)))
             assert got.dtype == dtype and same(got, ref), e
             # fused with the addition of a second rescaled gradient, as
             # rescaling both and F.add (x + y in the dtype) would give
             r2 = 2.0 ** (3 - e)
-            ref2 = (ref + (y.astype(numpy.float32) * numpy.float32(r2)
-                           ).astype(dtype)).astype(dtype)
+            ref2 = (ref + exact(y, r2)).astype(dtype)
             got2 = to_cpu(d.rescale_add(to_gpu(x), d.scalar(r), to_gpu(y),
                                         r2))
             assert same(got2, ref2), e

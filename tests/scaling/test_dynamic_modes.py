@@ -2,6 +2,7 @@
 (ada_loss.scaling: parse_mode, make_loss_scaling, DynamicScaling): valid
 settings reach the state; bad ones fail with a clear ValueError before
 anything is built."""
+import numpy as np
 import pytest
 
 from ada_loss.loss_scale.dynamic import (
@@ -23,7 +24,8 @@ from ada_loss.scaling import DynamicScaling, make_loss_scaling, parse_mode
       'decr_ratio': 0.5}),
     ('dynamic:style=tf,decr_ratio=0.8,decr_every_n_nan_or_inf=3,'
      'init_scale=1024', TFLossScale, 1024.0,
-     {'decr_ratio': 0.8, 'decr_every_n_nan_or_inf': 3}),
+     # TF's ratio is a float32 (its tensors' dtype): stored as used
+     {'decr_ratio': float(np.float32(0.8)), 'decr_every_n_nan_or_inf': 3}),
 ])
 def test_styles_and_options_reach_the_state(mode, cls, scale, attrs):
     s = make_loss_scaling(mode)

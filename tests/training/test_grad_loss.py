@@ -359,3 +359,50 @@ def test_overflowing_step_is_skipped_and_named():
     up, _ = _updater('fp8_e4m3:recipe=current', 'dynamic')
     up.update()
     assert up.skipped_steps == 0
+
+
+# -- what grad=loss shares with the unscaled precision, and what not --------
+def _linear_step(precision):
+    """One fixed:4 step of a Linear on values E4M3 holds (and the recipe's
+    per-tensor casts keep exactly: x·112 and W·448 are E4M3 values); its
+    output y, and gW, gx, gb unscaled."""
+    layer = AL.Linear(2, 2)
+    layer.W.array[...] = [[1.0, 0.0625], [0.5, 1.0]]
+    layer.b.array[...] = [0.1, 0.0]       # not an E4M3 value
+    x = chainer.Variable(np.array([[4.0, 0.0625], [0.0625, 4.0]], F32))
+    gy = np.array([[1.0, 1.0], [1.0, 0.0625]], F32)
+    apply_precision(layer, precision)
+    scaling = make_loss_scaling('fixed:4', precision)
+    scaling.bind(layer)
+    layer.cleargrads()
+    y = layer(x)
+    scaling.backward(F.sum(y * gy))
+    return y.array, layer.W.grad / 4, x.grad / 4, layer.b.grad / 4, \
+        (x.array, layer.W.array, layer.b.array, gy)
+
+
+def test_grad_loss_against_the_unscaled_precision():
+    """docs/precisions.md: fp8_e4m3:recipe=current,grad=loss against
+    fp8_e4m3 rounds the incoming gradient the same way (here: exactly, 4·gy
+    is E4M3) but differs in the forward (b and y are FP32, not E4M3) and in
+    the produced gradients: FP32 under grad=loss, rounded to E4M3 at the
+    mode's scale under fp8_e4m3 (gW 4.0625 vs 4.0, gx 1.0625 vs 1.0, gb
+    1.0625 vs 1.0)."""
+    e4m3 = get_format('fp8_e4m3')
+    y8, gW8, gx8, gb8, (x, W, b, gy) = _linear_step('fp8_e4m3')
+    yl, gWl, gxl, gbl, _ = _linear_step('fp8_e4m3:recipe=current,grad=loss')
+    # FP32 references (the data is exact, so are these sums)
+    y = x @ W.T + b
+    gW, gx, gb = gy.T @ x, gy @ W, gy.sum(axis=0)
+    # grad=loss: the recipe's forward (FP32 bias and output), FP32 gradients
+    assert _bits_equal(yl, y)
+    assert _bits_equal(gWl, gW) and _bits_equal(gxl, gx) and \
+        _bits_equal(gbl, gb)
+    # fp8_e4m3: b and y rounded to E4M3; each produced gradient rounded to
+    # E4M3 at the scale 4 it was produced at
+    assert _bits_equal(y8, e4m3.quantize(x @ W.T + e4m3.quantize(b)))
+    for got, ref in ((gW8, gW), (gx8, gx), (gb8, gb)):
+        assert _bits_equal(got, e4m3.quantize(4 * ref) / 4)
+    assert (gWl[0, 0], gW8[0, 0]) == (4.0625, 4.0)
+    assert (gxl[0, 1], gx8[0, 1]) == (1.0625, 1.0)
+    assert (gbl[1], gb8[1]) == (1.0625, 1.0)
