@@ -245,7 +245,7 @@ def test_a_gradient_that_passed_a_gemm_is_not_the_loss_gradient():
 def test_options():
     spec = make_loss_scaling('adaptive:init_scale=auto')
     assert spec.scale == 1.0
-    with pytest.raises(ValueError, match="positive number, 'auto' or 'amax'"):
+    with pytest.raises(ValueError, match="positive number, 'auto', 'amax' or 'format'"):
         make_loss_scaling('adaptive:init_scale=often')
     with pytest.raises(ValueError, match='option of adaptive'):
         make_loss_scaling('amax:init_scale=auto')
