@@ -1,138 +1,805 @@
-"""Pickles read without running code: a restricted unpickler admitting
-only what a data file of plain arrays holds.
+"""Pickles read without running code: an opcode-level reader that builds only
+the arrays, lists, dicts, text and numbers a data file of plain arrays holds.
 
 ``pickle.load`` calls whatever callable a file names (``os.system`` as
-readily as ``numpy.dtype``), so a data file taken from a stranger could run
-code. :func:`load` / :func:`loads` resolve only the globals that NumPy
-arrays and scalars of plain dtypes are pickled with, as NumPy 1 (Python 2
-and 3) and NumPy 2 write them:
+readily as ``numpy.dtype``), and even NumPy's own callables do harm with
+arguments of the file's choosing: ``dtype.__setstate__`` accepts any flags
+and fields (an object field over the file's bytes is a pointer NumPy later
+dereferences), ``numpy.ndarray`` accepts any buffer and strides,
+``_codecs.encode`` any codec. So nothing of the file is handed to ``pickle``
+or to a NumPy constructor. :func:`load` / :func:`loads` work in two passes
+over :func:`pickletools.genops`:
 
-* ``numpy.core.multiarray._reconstruct`` / ``numpy._core.multiarray.
-  _reconstruct`` with ``numpy.ndarray`` and ``numpy.dtype`` (protocols
-  0-4), ``numpy._core.numeric._frombuffer`` (protocol 5);
-* ``numpy.core.multiarray.scalar`` (NumPy scalars, e.g. an ``int64``
-  label);
-* ``_codecs.encode`` (how Python 3 pickles ``bytes`` at protocol <= 2).
+1. **Validation, before anything is built.** The file is at most
+   :data:`MAX_FILE_BYTES`; it has at most :data:`MAX_OPCODES` opcodes, each
+   in :data:`OPCODES` (no ``POP``, ``DUP``, sets, extension codes,
+   persistent ids, ``INST``/``OBJ``/``NEWOBJ`` or out-of-band buffers);
+   every string or bytes argument is at most :data:`MAX_ARRAY_BYTES`, every
+   integer at most :data:`MAX_INT_BITS` bits; every memo index is stored
+   before it is fetched; every global is in :data:`ALLOWED`, ``STACK_GLOBAL``
+   included (its two names must be text constants of the file itself).
+2. **Building, by a reader that knows only these objects.** Python values
+   (``None``, bools, ints, floats, text, bytes, tuples, lists, dicts with
+   text keys) are built as ``pickle`` builds them. The globals are never
+   called: each stands for one construction done here from checked pieces,
+   as NumPy 1 (Python 2 and 3) and NumPy 2 pickle arrays and scalars of
+   plain dtypes at protocols 0-5:
 
-Everything else (dicts, lists, tuples, str, bytes, ints, floats) needs no
-global. Any other global is refused before it is looked up, and the
-loaded object is then checked: containers, text, numbers and arrays whose
-dtype is a plain number, bool or text type (no object arrays, no
-subclasses). Either failure is a :class:`UnsafePickleError` naming what
-the file asked for.
+   * ``numpy.dtype(descr, 0/False, 1/True)``, ``descr`` one of ``b1``,
+     ``i1 i2 i4 i8``, ``u1 u2 u4 u8``, ``f2 f4 f8``, ``S<n>``, ``U<n>``;
+     its ``BUILD`` state must equal, value for value, the state NumPy writes
+     for that dtype in one byte order (flags, fields, subarray and sizes
+     included), so no flag, field or sub-array can be set;
+   * ``numpy.core.multiarray._reconstruct(numpy.ndarray, (0,), 'b')`` and
+     its ``BUILD`` state ``(1, shape, dtype, is_fortran, raw)``: a new,
+     C- or Fortran-contiguous array that owns a copy of ``raw``, whose
+     length must be exactly ``prod(shape) * itemsize``;
+   * ``numpy.core.numeric._frombuffer(bytes, dtype, shape, 'C'/'F')``
+     (protocol 5, buffers in band) and ``numpy.core.multiarray.scalar(dtype,
+     raw)`` (a NumPy scalar), checked the same way;
+   * ``_codecs.encode(text, 'latin1')`` (how Python 3 pickles ``bytes`` at
+     protocols 0-2; no other codec) and ``bytes()`` (an empty ``bytes``);
+
+   each under both module spellings (``numpy.core`` and ``numpy._core``).
+   ``numpy.ndarray`` itself is never called (it is admitted only as
+   ``_reconstruct``'s first argument). Everything the reader builds from
+   payload (``encode``'s bytes, array and scalar buffers) totals at most
+   :data:`PAYLOAD_PER_FILE_BYTE` bytes per byte of file plus
+   :data:`PAYLOAD_SLACK`, so memo references cannot multiply a payload.
+3. **The result is measured as a consumer walking it would meet it**, each
+   memo reference counted in full (every object visited once, so sharing
+   costs nothing here): at most :data:`MAX_ELEMENTS` objects, payload
+   (text, bytes, array bytes) within the bound of 2., nesting at most
+   :data:`MAX_DEPTH`, no cycle, and only the plain types above (no dtype,
+   no placeholder of an array left unbuilt).
+
+Why the four holes of issue 50 cannot exist: no NumPy ``__setstate__`` or
+constructor ever sees the file's values (a dtype is ``numpy.dtype(descr)``
+of a validated ``descr``; its state is compared, not applied), so no dtype
+carries the REFCOUNT flag, object fields or object sub-arrays, and every
+array is a fresh base-class ndarray of a plain dtype owning exactly its
+bytes; no codec but ``latin1`` runs; nothing is bigger than the file allows;
+and the result's size counts shared references, so a memo fan-out is
+refused in time linear in the file.
+
+The cost is linear in the file: one :func:`pickletools.genops` pass to
+validate, one to build, one visit per object and reference of the result.
+Every refusal is an :class:`UnsafePickleError` (a
+:class:`~ada_loss.datasets.errors.DatasetFormatError`) naming what the file
+asked for; a truncated or corrupted file is a ``DatasetFormatError``.
 """
-import _codecs
 import io
-import pickle
+import pickletools
+import re
 
 import numpy
-from numpy._core import multiarray as _multiarray
-from numpy._core import numeric as _numeric
 
 from ada_loss.datasets.errors import DatasetFormatError
 
-_RECONSTRUCT = _multiarray._reconstruct
-_SCALAR = _multiarray.scalar
-_FROMBUFFER = _numeric._frombuffer
+_MiB = 2 ** 20
 
-#: (module, name) -> object, for every spelling NumPy 1 and 2 write
-ALLOWED = {}
+#: files larger than this are refused unread (CIFAR-100's ``train``, the
+#: largest official file, is 161 MB)
+MAX_FILE_BYTES = 256 * _MiB
+#: the largest array (and string or bytes argument): CIFAR-100's ``train``
+#: data is 50,000 x 3,072 bytes = 146.5 MiB
+MAX_ARRAY_BYTES = 192 * _MiB
+#: opcodes per file (CIFAR-100's ``train`` has about 250,000: two per file
+#: name, one per label; a Python 3 re-pickle with NumPy scalar labels ~1M)
+MAX_OPCODES = 2000000
+#: objects of the result, each memo reference counted in full (CIFAR-100's
+#: ``train``: 150,000 list items)
+MAX_ELEMENTS = 1000000
+#: nesting of containers in the result
+MAX_DEPTH = 32
+#: integers (labels, shapes) in bits, sign excluded
+MAX_INT_BITS = 64
+#: payload built (and reached in the result) per byte of file: encode's
+#: bytes then the array's own copy of them are two bytes per byte of file
+PAYLOAD_PER_FILE_BYTE = 2
+#: ... plus this (repeated references to short texts, e.g. shared names)
+PAYLOAD_SLACK = 1 * _MiB
+
+#: the opcodes a data file of plain values and arrays needs (protocols 0-5)
+OPCODES = frozenset((
+    'PROTO', 'FRAME', 'STOP', 'MARK',
+    'NONE', 'NEWTRUE', 'NEWFALSE',
+    'INT', 'BININT', 'BININT1', 'BININT2', 'LONG', 'LONG1', 'LONG4',
+    'FLOAT', 'BINFLOAT',
+    'STRING', 'BINSTRING', 'SHORT_BINSTRING',
+    'BINBYTES', 'SHORT_BINBYTES', 'BINBYTES8', 'BYTEARRAY8',
+    'UNICODE', 'BINUNICODE', 'SHORT_BINUNICODE', 'BINUNICODE8',
+    'EMPTY_TUPLE', 'TUPLE', 'TUPLE1', 'TUPLE2', 'TUPLE3',
+    'EMPTY_LIST', 'LIST', 'APPEND', 'APPENDS',
+    'EMPTY_DICT', 'DICT', 'SETITEM', 'SETITEMS',
+    'PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE', 'GET', 'BINGET', 'LONG_BINGET',
+    'GLOBAL', 'STACK_GLOBAL', 'REDUCE', 'BUILD'))
+
+#: (module, name) -> the construction it stands for, every spelling NumPy 1
+#: and 2 and Python 2 and 3 write
+ALLOWED = {('numpy', 'ndarray'): 'ndarray', ('numpy', 'dtype'): 'dtype',
+           ('_codecs', 'encode'): 'encode',
+           ('__builtin__', 'bytes'): 'bytes', ('builtins', 'bytes'): 'bytes'}
 for _module in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-    ALLOWED[(_module, '_reconstruct')] = _RECONSTRUCT
-    ALLOWED[(_module, 'scalar')] = _SCALAR
+    ALLOWED[(_module, '_reconstruct')] = '_reconstruct'
+    ALLOWED[(_module, 'scalar')] = 'scalar'
 for _module in ('numpy.core.numeric', 'numpy._core.numeric'):
-    ALLOWED[(_module, '_frombuffer')] = _FROMBUFFER
-ALLOWED[('numpy', 'ndarray')] = numpy.ndarray
-
-
-def _dtype(obj, align=False, copy=False):
-    """``numpy.dtype`` as pickles call it; Python 2's pass ``align`` and
-    ``copy`` as the ints 0 and 1, which NumPy 2.4 deprecates."""
-    return numpy.dtype(obj, bool(align), bool(copy))
-
-
-ALLOWED[('numpy', 'dtype')] = _dtype
-ALLOWED[('_codecs', 'encode')] = _codecs.encode
+    ALLOWED[(_module, '_frombuffer')] = '_frombuffer'
 
 #: array dtype kinds a data file may hold: bool, integers, floats, text
 PLAIN_KINDS = 'biufSU'
-_PLAIN_TYPES = (dict, list, tuple, str, bytes, int, float, bool,
-                type(None))
-#: nesting deeper than this is not a data file (and would exhaust the
-#: stack of the check)
-MAX_DEPTH = 32
+#: ``numpy.dtype`` descriptions of these kinds, as NumPy pickles them (the
+#: byte order is in the state); text lengths bounded by MAX_ARRAY_BYTES
+_DESCR = re.compile(r'(b1|[iu][1248]|f[248]|[SU][1-9][0-9]{0,8})\Z')
+_KIND_NAMES = {'O': 'object', 'V': 'void (structured)', 'M': 'datetime',
+               'm': 'timedelta', 'c': 'complex', 'f': 'float', 'i': 'int',
+               'u': 'uint', 'b': 'bool', 'S': 'bytes', 'U': 'str',
+               'a': 'bytes'}
+_LEAVES = (str, bytes, int, float, bool, type(None))
+_STRINGS = frozenset(('STRING', 'BINSTRING', 'SHORT_BINSTRING'))
+_TEXTS = frozenset(('UNICODE', 'BINUNICODE', 'SHORT_BINUNICODE',
+                    'BINUNICODE8'))
+_INTS = frozenset(('INT', 'BININT', 'BININT1', 'BININT2', 'LONG', 'LONG1',
+                   'LONG4'))
+_PUTS = frozenset(('PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE'))
+_GETS = frozenset(('GET', 'BINGET', 'LONG_BINGET'))
+# opcodes that leave the stack as it is
+_NEUTRAL = _PUTS | {'PROTO', 'FRAME'}
 
 
 class UnsafePickleError(DatasetFormatError):
-    """A pickle names a global outside :data:`ALLOWED` or holds an object
-    a data file does not (it was not loaded: nothing of it ran)."""
+    """A pickle asks for something a data file of plain arrays does not
+    hold (a global, an opcode, a dtype, a size beyond the bounds); it was
+    refused before any of it ran."""
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
+def _short(value):
+    """``value``'s repr, cut to a length fit for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + '...'
 
-    def find_class(self, module, name):
+
+def payload_bound(file_bytes):
+    """The payload bytes a file of ``file_bytes`` may build (and its result
+    reach): :data:`PAYLOAD_PER_FILE_BYTE` per byte plus
+    :data:`PAYLOAD_SLACK`."""
+    return PAYLOAD_PER_FILE_BYTE * file_bytes + PAYLOAD_SLACK
+
+
+# -- pass 1: the opcode stream, before anything is built ----------------------
+def _opcodes(data):
+    """:func:`pickletools.genops` of ``data``, with a stream it cannot read
+    as one DatasetFormatError."""
+    ops = pickletools.genops(io.BytesIO(data))
+    pos = 0
+    while True:
         try:
-            return ALLOWED[(module, name)]
-        except (KeyError, TypeError):
+            op, arg, pos = next(ops)
+        except StopIteration:
+            return
+        except Exception as e:
+            # genops raises ValueError and its subclasses for a truncated
+            # or corrupted stream, with texts about its own internals
+            raise DatasetFormatError(
+                'not a readable pickle (truncated or corrupted after byte '
+                '{})'.format(pos)) from e
+        yield op, arg, pos
+
+
+def _global(module, name):
+    role = ALLOWED.get((module, name))
+    if role is None:
+        raise UnsafePickleError(
+            'refers to {}.{}, which a data file does not hold (allowed: '
+            'NumPy arrays and scalars of plain dtypes, dicts, lists, text, '
+            'numbers); not loaded'.format(_short(module)[1:-1],
+                                          _short(name)[1:-1]))
+    return role
+
+
+def validate(data):
+    """Pass 1: raises UnsafePickleError unless every opcode, argument,
+    memo index and global of the pickle ``data`` is admitted (module
+    docstring); builds nothing."""
+    if len(data) > MAX_FILE_BYTES:
+        raise UnsafePickleError('is {} bytes, larger than a data file of '
+                                'this kind (at most {})'.format(
+                                    len(data), MAX_FILE_BYTES))
+    count = 0
+    stored = set()          # memo indices stored so far
+    texts = {}              # memo index -> text constant stored there
+    recent = []             # text constants pushed last (None: other)
+    for op, arg, pos in _opcodes(data):
+        count += 1
+        if count > MAX_OPCODES:
+            raise UnsafePickleError('has more than {} opcodes'.format(
+                MAX_OPCODES))
+        name = op.name
+        if name not in OPCODES:
             raise UnsafePickleError(
-                'refers to {}.{}, which a data file does not hold (allowed: '
-                'NumPy arrays and scalars of plain dtypes, dicts, lists, '
-                'text, numbers); not loaded'.format(module, name))
+                'uses the pickle opcode {} at byte {}, which a data file of '
+                'plain arrays does not need'.format(name, pos))
+        if isinstance(arg, (str, bytes, bytearray)) and (
+                len(arg) > MAX_ARRAY_BYTES):
+            raise UnsafePickleError('holds a {} of {} characters at byte {} '
+                                    '(at most {})'.format(
+                                        type(arg).__name__, len(arg), pos,
+                                        MAX_ARRAY_BYTES))
+        if name in _INTS and type(arg) is int and (
+                arg.bit_length() > MAX_INT_BITS):
+            raise UnsafePickleError('holds a {}-bit integer at byte {} (at '
+                                    'most {} bits)'.format(
+                                        arg.bit_length(), pos, MAX_INT_BITS))
+        if name == 'PROTO' and arg > 5:
+            raise DatasetFormatError('not a readable pickle (protocol {})'
+                                     .format(arg))
+        if name in _PUTS:
+            index = len(stored) if name == 'MEMOIZE' else arg
+            if not 0 <= index <= count:     # pickle numbers them in order
+                raise UnsafePickleError('stores memo entry {} at byte {}'
+                                        .format(_short(index), pos))
+            stored.add(index)
+            if recent and recent[-1] is not None:
+                texts[index] = recent[-1]
+            else:
+                texts.pop(index, None)
+            continue
+        if name in _NEUTRAL:
+            continue
+        if name in _GETS:
+            if arg not in stored:
+                raise DatasetFormatError(
+                    'not a readable pickle (fetches memo entry {} at byte {}, '
+                    'never stored)'.format(_short(arg), pos))
+            recent = recent[-1:] + [texts.get(arg)]
+        elif name in _TEXTS:
+            recent = recent[-1:] + [arg]
+        elif name == 'GLOBAL':
+            module, _, attr = arg.partition(' ')
+            _global(module, attr)
+            recent = []
+        elif name == 'STACK_GLOBAL':
+            # the two names must be the file's own text constants, pushed
+            # just before (as pickle writes them), not computed values
+            if len(recent) < 2 or None in recent[-2:]:
+                raise UnsafePickleError(
+                    'names a global at byte {} by values it computes'.format(
+                        pos))
+            _global(*recent[-2:])
+            recent = []
+        else:
+            recent = []
 
 
-def check_plain(obj, depth=0):
-    """Raises UnsafePickleError unless ``obj`` is made of containers, text,
-    numbers and NumPy arrays / scalars of plain dtypes."""
-    if depth > MAX_DEPTH:
-        raise UnsafePickleError('nests deeper than {} levels'.format(
-            MAX_DEPTH))
-    if type(obj) in (numpy.ndarray,) or isinstance(obj, numpy.generic):
-        if type(obj) is not numpy.ndarray and not isinstance(
-                obj, numpy.generic):
-            raise UnsafePickleError('holds an array subclass {}'.format(
-                type(obj).__name__))
-        if obj.dtype.kind not in PLAIN_KINDS or obj.dtype.fields:
+# -- pass 2: a reader that builds only plain values and arrays ----------------
+class _Global(object):
+    """An admitted global: stands for one construction of :class:`_Reader`,
+    never called."""
+    __slots__ = ('role', 'spelling')
+
+    def __init__(self, role, spelling):
+        self.role = role
+        self.spelling = spelling
+
+
+class _Dtype(object):
+    """``numpy.dtype(descr)`` of a checked ``descr``; ``BUILD`` may choose
+    its byte order by a state equal to the one NumPy writes."""
+    __slots__ = ('dtype', 'built')
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.built = False
+
+
+class _Array(object):
+    """``_reconstruct``'s result until ``BUILD`` gives it shape, dtype and
+    bytes."""
+    __slots__ = ('array',)
+
+    def __init__(self):
+        self.array = None
+
+
+def _is_int(value):
+    return type(value) is int or type(value) is bool
+
+
+def _is(value, kind, *options):
+    """``value`` is of type ``kind`` (and one of ``options``, if any):
+    types first, so that no array of the file's is compared with ``==``."""
+    return type(value) is kind and (not options or value in options)
+
+
+class _Reader(object):
+
+    def __init__(self, data, encoding):
+        self.data = data
+        self.encoding = encoding
+        self.budget = payload_bound(len(data))
+        self.globals = {key: _Global(role, '{}.{}'.format(*key))
+                        for key, role in ALLOWED.items()}
+
+    # ---- payload
+    def spend(self, n, what):
+        if n > self.budget:
+            raise UnsafePickleError(
+                'builds more than {} bytes of payload ({}) from a {}-byte '
+                'file'.format(payload_bound(len(self.data)), what,
+                              len(self.data)))
+        self.budget -= n
+
+    def text(self, value):
+        """A Python 2 ``str`` as ``pickle`` reads it (genops gives it
+        decoded as latin1)."""
+        raw = value.encode('latin-1')
+        if self.encoding == 'bytes':
+            return raw
+        try:
+            return raw.decode(self.encoding)
+        except (UnicodeDecodeError, LookupError) as e:
+            raise DatasetFormatError('holds a Python 2 string that is not {} '
+                                     'text'.format(self.encoding)) from e
+
+    def raw(self, value, what):
+        """Array or scalar bytes: bytes, or Python 2's str read as text."""
+        if type(value) is str:
+            try:
+                value = value.encode('latin-1')
+            except UnicodeEncodeError as e:
+                raise UnsafePickleError('gives {} as text beyond latin1, not '
+                                        'bytes'.format(what)) from e
+            self.spend(len(value), what)
+        if type(value) not in (bytes, bytearray):
+            raise UnsafePickleError('gives {} as a {}, expected bytes'.format(
+                what, type(value).__name__))
+        return value
+
+    # ---- the loop
+    def read(self):
+        stack = []
+        marks = []
+        memo = {}
+        for op, arg, pos in _opcodes(self.data):
+            name = op.name
+            try:
+                if name in _INTS or name in ('FLOAT', 'BINFLOAT') or (
+                        name in _TEXTS):
+                    stack.append(arg)
+                elif name in _STRINGS:
+                    stack.append(self.text(arg))
+                elif name in ('BINBYTES', 'SHORT_BINBYTES', 'BINBYTES8',
+                              'BYTEARRAY8'):
+                    stack.append(arg)
+                elif name == 'NONE':
+                    stack.append(None)
+                elif name == 'NEWTRUE':
+                    stack.append(True)
+                elif name == 'NEWFALSE':
+                    stack.append(False)
+                elif name == 'MARK':
+                    marks.append(stack)
+                    stack = []
+                elif name in ('EMPTY_TUPLE', 'TUPLE1', 'TUPLE2', 'TUPLE3'):
+                    n = {'EMPTY_TUPLE': 0, 'TUPLE1': 1, 'TUPLE2': 2,
+                         'TUPLE3': 3}[name]
+                    if len(stack) < n:
+                        raise IndexError
+                    items = tuple(stack[len(stack) - n:])
+                    del stack[len(stack) - n:]
+                    stack.append(items)
+                elif name in ('TUPLE', 'LIST', 'DICT'):
+                    items = stack
+                    stack = marks.pop()
+                    if name == 'TUPLE':
+                        stack.append(tuple(items))
+                    elif name == 'LIST':
+                        stack.append(items)
+                    else:
+                        d = {}
+                        self.set_items(d, items, pos)
+                        stack.append(d)
+                elif name == 'EMPTY_LIST':
+                    stack.append([])
+                elif name == 'EMPTY_DICT':
+                    stack.append({})
+                elif name in ('APPEND', 'APPENDS'):
+                    if name == 'APPEND':
+                        items = [stack.pop()]
+                    else:
+                        items = stack
+                        stack = marks.pop()
+                    target = stack[-1]
+                    if type(target) is not list:
+                        raise UnsafePickleError(
+                            'appends to a {} at byte {}'.format(
+                                type(target).__name__, pos))
+                    target.extend(items)
+                elif name in ('SETITEM', 'SETITEMS'):
+                    if name == 'SETITEM':
+                        items = stack[-2:]
+                        if len(items) < 2:
+                            raise IndexError
+                        del stack[-2:]
+                    else:
+                        items = stack
+                        stack = marks.pop()
+                    target = stack[-1]
+                    if type(target) is not dict:
+                        raise UnsafePickleError(
+                            'sets items of a {} at byte {}'.format(
+                                type(target).__name__, pos))
+                    self.set_items(target, items, pos)
+                elif name in _PUTS:
+                    memo[len(memo) if name == 'MEMOIZE' else arg] = stack[-1]
+                elif name in _GETS:
+                    value = memo[arg]
+                    if type(value) is _Array and value.array is not None:
+                        value = value.array
+                    stack.append(value)
+                elif name == 'GLOBAL':
+                    module, _, attr = arg.partition(' ')
+                    _global(module, attr)
+                    stack.append(self.globals[(module, attr)])
+                elif name == 'STACK_GLOBAL':
+                    attr = stack.pop()
+                    module = stack.pop()
+                    _global(module, attr)
+                    stack.append(self.globals[(module, attr)])
+                elif name == 'REDUCE':
+                    args = stack.pop()
+                    stack[-1] = self.call(stack[-1], args, pos)
+                elif name == 'BUILD':
+                    state = stack.pop()
+                    stack[-1] = self.build(stack[-1], state, pos)
+                elif name in ('PROTO', 'FRAME'):
+                    pass
+                elif name == 'STOP':
+                    if marks or len(stack) != 1:
+                        raise DatasetFormatError(
+                            'not a readable pickle (it stops with {} values '
+                            'and {} marks left at byte {})'.format(
+                                len(stack), len(marks), pos))
+                    return stack[0]
+                else:       # validate() admitted no other opcode
+                    raise UnsafePickleError('uses the pickle opcode {}'
+                                            .format(name))
+            except (IndexError, KeyError) as e:
+                raise DatasetFormatError(
+                    'not a readable pickle (opcode {} at byte {} finds no '
+                    'value or mark it needs)'.format(name, pos)) from e
+        raise DatasetFormatError('not a readable pickle (no STOP)')
+
+    def set_items(self, target, items, pos):
+        if len(items) % 2:
+            raise DatasetFormatError('not a readable pickle (an odd number '
+                                     'of keys and values at byte {})'.format(
+                                         pos))
+        for i in range(0, len(items), 2):
+            key = items[i]
+            if type(key) not in (str, bytes):
+                # text keys only: hashing a list fails, and crafted ints
+                # could collide in a dict's table
+                raise UnsafePickleError('holds a dict key of type {} at byte '
+                                        '{}, expected text'.format(
+                                            type(key).__name__, pos))
+            target[key] = items[i + 1]
+
+    # ---- REDUCE: the globals' constructions
+    def call(self, func, args, pos):
+        if type(func) is not _Global:
+            raise UnsafePickleError('calls a {} at byte {}'.format(
+                type(func).__name__, pos))
+        if type(args) is not tuple:
+            raise UnsafePickleError('calls {} with a {} at byte {}, expected '
+                                    'a tuple'.format(func.spelling,
+                                                     type(args).__name__,
+                                                     pos))
+        role = func.role
+        if role == 'dtype':
+            return self.make_dtype(args)
+        if role == '_reconstruct':
+            if (len(args) != 3 or type(args[0]) is not _Global
+                    or args[0].role != 'ndarray'
+                    or not _is(args[1], tuple) or len(args[1]) != 1
+                    or not _is(args[1][0], int, 0)
+                    or not (_is(args[2], str, 'b') or _is(args[2], bytes,
+                                                           b'b'))):
+                raise UnsafePickleError(
+                    'calls {} with other arguments than NumPy writes '
+                    '(ndarray, (0,), b"b")'.format(func.spelling))
+            return _Array()
+        if role == 'scalar':
+            if len(args) != 2 or type(args[0]) is not _Dtype:
+                raise UnsafePickleError('calls {} with other arguments than '
+                                        '(dtype, bytes)'.format(
+                                            func.spelling))
+            dtype = args[0].dtype
+            raw = self.raw(args[1], 'a scalar')
+            if len(raw) != dtype.itemsize:
+                raise UnsafePickleError(
+                    'gives a {} scalar {} bytes, expected {}'.format(
+                        dtype, len(raw), dtype.itemsize))
+            self.spend(len(raw), 'a scalar')
+            try:
+                return numpy.frombuffer(raw, dtype, 1)[0]
+            except (ValueError, UnicodeError) as e:   # e.g. no code point
+                raise DatasetFormatError('holds a {} scalar NumPy cannot read'
+                                         .format(dtype)) from e
+        if role == '_frombuffer':
+            if (len(args) != 4 or type(args[1]) is not _Dtype
+                    or not _is(args[3], str, 'C', 'F')):
+                raise UnsafePickleError(
+                    'calls {} with other arguments than (bytes, dtype, shape, '
+                    '"C" or "F")'.format(func.spelling))
+            return self.make_array(args[2], args[1].dtype, args[3] == 'F',
+                                   args[0])
+        if role == 'encode':
+            if len(args) != 2 or type(args[0]) is not str or not _is(
+                    args[1], str, 'latin1'):
+                raise UnsafePickleError(
+                    'calls _codecs.encode with codec {}, expected (text, '
+                    "'latin1')".format(_short(args[1]) if len(args) == 2 and
+                                       type(args[1]) in (str, bytes)
+                                       else 'of another kind'))
+            try:
+                out = args[0].encode('latin-1')
+            except UnicodeEncodeError as e:
+                raise UnsafePickleError('encodes text beyond latin1 as '
+                                        'bytes') from e
+            self.spend(len(out), '_codecs.encode')
+            return out
+        if role == 'bytes':
+            if len(args):
+                raise UnsafePickleError('calls bytes with arguments (only '
+                                        'bytes() is written, for b"")')
+            return b''
+        # ndarray(shape, dtype, buffer, offset, strides) would view any
+        # buffer with any strides; NumPy pickles go through _reconstruct
+        raise UnsafePickleError(
+            'calls {} directly (an array over a buffer and strides of the '
+            "file's choosing); NumPy writes arrays through _reconstruct"
+            .format(func.spelling))
+
+    def make_dtype(self, args):
+        if len(args) != 3 or not all(_is_int(a) for a in args[1:]) or (
+                args[1] != 0 or args[2] != 1):
+            raise UnsafePickleError('calls numpy.dtype with other arguments '
+                                    'than (descr, False, True)')
+        descr = args[0]
+        if type(descr) is bytes:
+            descr = descr.decode('latin-1')
+        if type(descr) is not str:
+            raise UnsafePickleError('calls numpy.dtype with a {}, expected '
+                                    'a description such as "u1"'.format(
+                                        type(descr).__name__))
+        if not _DESCR.match(descr):
+            raise UnsafePickleError(
+                'asks for dtype {} ({}), expected plain numbers or text '
+                '(b1, i1-i8, u1-u8, f2-f8, S<n>, U<n>)'.format(
+                    _KIND_NAMES.get(descr[:1], 'of another kind'),
+                    _short(descr)))
+        dtype = numpy.dtype(descr)
+        if dtype.itemsize > MAX_ARRAY_BYTES:
+            raise UnsafePickleError('asks for dtype {} of {} bytes'.format(
+                _short(descr), dtype.itemsize))
+        return _Dtype(dtype)
+
+    # ---- BUILD: a dtype's byte order, an array's contents
+    def build(self, target, state, pos):
+        if type(target) is _Dtype and not target.built:
+            target.dtype = self.dtype_state(target.dtype, state)
+            target.built = True
+            return target
+        if type(target) is _Array and target.array is None:
+            if type(state) is not tuple or len(state) != 5 or (
+                    not _is(state[0], int, 1)
+                    or type(state[2]) is not _Dtype
+                    or not _is_int(state[3]) or state[3] not in (0, 1)):
+                raise UnsafePickleError(
+                    'sets the state of an array to other than (1, shape, '
+                    'dtype, is_fortran, bytes) at byte {}'.format(pos))
+            target.array = self.make_array(state[1], state[2].dtype,
+                                           bool(state[3]), state[4])
+            return target.array
+        raise UnsafePickleError('sets the state of a {} at byte {} (only '
+                                'dtypes and arrays have one)'.format(
+                                    _target_name(target), pos))
+
+    def dtype_state(self, dtype, state):
+        """``dtype`` in the byte order of ``state``, which must equal NumPy's
+        own state of that dtype (no flags, fields or sub-array of the
+        file's choosing)."""
+        if type(state) is not tuple or len(state) != 8 or not all(
+                type(v) in (int, str, bytes, type(None)) for v in state):
+            raise UnsafePickleError('sets the state of dtype {} to other '
+                                    'than (3, byte order, None, None, None, '
+                                    'size, alignment, flags)'.format(dtype))
+        order = state[1]
+        if type(order) is bytes:
+            order = order.decode('latin-1')
+        if order in ('<', '>'):
+            dtype = dtype.newbyteorder(order)
+        want = dtype.__reduce__()[2]
+        got = (state[0], order) + state[2:]
+        if got != want:
+            raise UnsafePickleError(
+                'sets the state of dtype {} to {}, expected NumPy\'s {} (no '
+                'flags, fields or sub-array)'.format(dtype, _short(got),
+                                                      want))
+        return dtype
+
+    def make_array(self, shape, dtype, fortran, raw):
+        if type(shape) is not tuple or len(shape) > MAX_DEPTH or not all(
+                type(n) is int and 0 <= n <= MAX_ARRAY_BYTES for n in shape):
+            raise UnsafePickleError('gives an array the shape {}, expected a '
+                                    'tuple of sizes'.format(_short(shape)))
+        raw = self.raw(raw, 'an array')
+        size = 1
+        for n in shape:
+            size *= n
+        nbytes = size * dtype.itemsize
+        if nbytes > MAX_ARRAY_BYTES or nbytes != len(raw):
+            raise UnsafePickleError(
+                'gives a {} array of shape {} {} bytes, expected {}{}'.format(
+                    dtype, shape, len(raw), nbytes,
+                    '' if nbytes <= MAX_ARRAY_BYTES else
+                    ' (more than {})'.format(MAX_ARRAY_BYTES)))
+        self.spend(nbytes, 'an array')
+        array = numpy.empty(shape, dtype, order='F' if fortran else 'C')
+        if nbytes:
+            # a fresh array owning its bytes, filled in memory order
+            array.reshape(-1, order='A').view(numpy.uint8)[...] = (
+                numpy.frombuffer(raw, numpy.uint8))
+        return array
+
+
+def _target_name(obj):
+    if type(obj) is _Global:
+        return obj.spelling
+    if type(obj) is _Dtype:
+        return 'dtype whose state is already set'
+    if type(obj) is _Array:
+        return 'array whose state is already set'
+    return type(obj).__name__
+
+
+# -- pass 3: the result -------------------------------------------------------
+def _leaf_payload(obj):
+    """Payload bytes of a plain leaf, or None if ``obj`` is a container;
+    raises UnsafePickleError for anything else."""
+    kind = type(obj)
+    if kind in (str, bytes):
+        return len(obj)
+    if kind in _LEAVES:
+        return 0
+    if kind is numpy.ndarray:
+        dtype = obj.dtype
+        if (dtype.kind not in PLAIN_KINDS or dtype.hasobject
+                or dtype.fields is not None or dtype.subdtype is not None):
             raise UnsafePickleError('holds an array of dtype {}, expected '
+                                    'plain numbers or text'.format(dtype))
+        if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+            raise UnsafePickleError('holds an array that is not contiguous')
+        base = obj.base
+        if base is not None and (
+                not isinstance(base, (bytes, bytearray, numpy.ndarray))
+                or memoryview(base).nbytes != obj.nbytes):
+            raise UnsafePickleError('holds an array over a buffer of another '
+                                    'size')
+        return obj.nbytes
+    if isinstance(obj, numpy.generic) and kind.__module__ == 'numpy':
+        if obj.dtype.kind not in PLAIN_KINDS or obj.dtype.hasobject:
+            raise UnsafePickleError('holds a scalar of dtype {}, expected '
                                     'plain numbers or text'.format(obj.dtype))
-        return
-    if type(obj) not in _PLAIN_TYPES:
-        raise UnsafePickleError('holds a {}, expected dicts, lists, text, '
-                                'numbers and arrays'.format(
-                                    type(obj).__name__))
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            check_plain(k, depth + 1)
-            check_plain(v, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            check_plain(v, depth + 1)
+        return obj.dtype.itemsize
+    if kind in (list, tuple, dict):
+        return None
+    if kind is _Array:
+        raise UnsafePickleError('holds an array whose contents were never '
+                                'set')
+    if kind in (_Dtype, _Global):
+        raise UnsafePickleError('holds {} itself, not data'.format(
+            'a dtype' if kind is _Dtype else obj.spelling))
+    if isinstance(obj, numpy.ndarray):
+        raise UnsafePickleError('holds an array subclass {}'.format(
+            kind.__name__))
+    raise UnsafePickleError('holds a {}, expected dicts, lists, text, '
+                            'numbers and arrays'.format(kind.__name__))
+
+
+def _children(obj):
+    if type(obj) is dict:
+        for key, value in obj.items():
+            yield key
+            yield value
+    else:
+        yield from obj
+
+
+def check_plain(obj, max_payload=None):
+    """Raises UnsafePickleError unless ``obj`` is made of lists, tuples,
+    dicts, text, numbers and NumPy arrays / scalars of plain dtypes, with
+    no cycle, nested at most :data:`MAX_DEPTH` deep, of at most
+    :data:`MAX_ELEMENTS` objects and ``max_payload`` payload bytes (default
+    :func:`payload_bound` of :data:`MAX_FILE_BYTES`) counting every
+    reference in full. Each object is visited once: linear in the objects
+    and references, however they are shared."""
+    if max_payload is None:
+        max_payload = payload_bound(MAX_FILE_BYTES)
+    measured = {}       # id -> (elements, payload, depth) of a container
+    open_ = set()       # ids of the containers being visited (cycles)
+    keep = []           # keeps the measured alive, so ids stay unique
+    todo = [(obj, False)]
+    while todo:
+        node, leaving = todo.pop()
+        key = id(node)
+        if not leaving:
+            if key in measured:
+                continue
+            if _leaf_payload(node) is not None:
+                continue
+            open_.add(key)
+            todo.append((node, True))
+            for child in _children(node):
+                if id(child) in open_:
+                    raise UnsafePickleError('holds a container that contains '
+                                            'itself')
+                if id(child) not in measured:
+                    todo.append((child, False))
+            continue
+        open_.discard(key)
+        elements, payload, depth = 1, 0, 0
+        for child in _children(node):
+            inner = measured.get(id(child))
+            if inner is None:
+                inner = (1, _leaf_payload(child), 0)
+            elements += inner[0]
+            payload += inner[1]
+            depth = max(depth, inner[2])
+        depth += 1
+        if elements > MAX_ELEMENTS:
+            raise UnsafePickleError(
+                'holds more than {} objects counting every memo reference '
+                '(a consumer walking it would visit each)'.format(
+                    MAX_ELEMENTS))
+        if payload > max_payload:
+            raise UnsafePickleError(
+                'reaches more than {} bytes of text and arrays counting every '
+                'memo reference'.format(max_payload))
+        if depth > MAX_DEPTH:
+            raise UnsafePickleError('nests deeper than {} levels'.format(
+                MAX_DEPTH))
+        measured[key] = (elements, payload, depth)
+        keep.append(node)
 
 
 def loads(data, encoding='latin1'):
-    """The object pickled in ``data`` (bytes), restricted as the module
-    docstring says. ``encoding``: how Python 2 ``str`` is read
-    (``'latin1'``, which NumPy's arrays need, or ``'bytes'``).
+    """The object pickled in ``data`` (bytes), read as the module docstring
+    says. ``encoding``: how Python 2 ``str`` is read (``'latin1'``, which
+    NumPy's arrays need, or ``'bytes'``).
 
     Raises:
-        UnsafePickleError: a global or object a data file does not hold.
+        UnsafePickleError: an opcode, global, dtype, size or object a data
+            file does not hold (nothing of it ran).
         DatasetFormatError: not a readable pickle (truncated, corrupted).
     """
-    return load(io.BytesIO(data), encoding)
+    if type(data) is not bytes:
+        try:
+            data = bytes(memoryview(data))
+        except TypeError as e:
+            raise DatasetFormatError('not a pickle: a {}, expected bytes'
+                                     .format(type(data).__name__)) from e
+    validate(data)
+    obj = _Reader(data, encoding).read()
+    check_plain(obj, payload_bound(len(data)))
+    return obj
 
 
 def load(f, encoding='latin1'):
-    """:func:`loads` of an open binary file."""
-    try:
-        obj = _RestrictedUnpickler(f, encoding=encoding).load()
-    except UnsafePickleError:
-        raise
-    except RecursionError:
-        raise DatasetFormatError('not a readable pickle (nested too deeply)')
-    except Exception as e:
-        # a truncated or corrupted pickle raises any of many types, with
-        # texts about the unpickler's internals: the type is enough
-        raise DatasetFormatError('not a readable pickle (truncated or '
-                                 'corrupted: the unpickler stopped with {})'
-                                 .format(type(e).__name__)) from e
-    check_plain(obj)
-    return obj
+    """:func:`loads` of an open binary file (at most
+    :data:`MAX_FILE_BYTES` are read)."""
+    data = f.read(MAX_FILE_BYTES + 1)
+    if not isinstance(data, bytes):
+        raise DatasetFormatError('not a binary file')
+    return loads(data, encoding)
