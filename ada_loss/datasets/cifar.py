@@ -48,6 +48,9 @@ CIFAR_FOLDER = 'cifar'
 CIFAR_URL = 'https://www.cs.toronto.edu/~kriz/cifar.html'
 
 _ROW_BYTES = 3 * 32 * 32
+#: the CIFAR files read from one archive, in bytes (the official ones hold
+#: 186 MB for CIFAR-10, 193 MB for CIFAR-100)
+_MAX_ARCHIVE_BYTES = 2 * safe_pickle.MAX_FILE_BYTES
 _TRAIN_BATCH = re.compile(r'^data_batch_(\d+)$')
 
 
@@ -278,11 +281,24 @@ def _folder_files(spec, folder):
 def _archive_files(spec, path):
     """Reads the wanted members of a tar archive in one pass, in memory."""
     by_folder = {}
+    total = 0
     try:
         with tarfile.open(path) as tar:
             for member in tar:
                 name = posixpath.basename(member.name)
                 if member.isfile() and spec.wanted(name):
+                    # a compressed archive inflates at will: no member
+                    # larger than safe_pickle reads from a file, and no
+                    # more than the largest official archive holds, twice
+                    total += member.size
+                    if (member.size > safe_pickle.MAX_FILE_BYTES
+                            or total > _MAX_ARCHIVE_BYTES):
+                        raise DatasetFormatError(
+                            '{}: {} is {} bytes (at most {} per file and {} '
+                            'in all are read)'.format(
+                                path, member.name, member.size,
+                                safe_pickle.MAX_FILE_BYTES,
+                                _MAX_ARCHIVE_BYTES))
                     folder = posixpath.dirname(member.name)
                     data = tar.extractfile(member).read()
                     by_folder.setdefault(folder, {})[name] = data
@@ -315,7 +331,13 @@ def _parse_batch(obj, label_key, n_classes, where):
     if missing:
         raise DatasetFormatError('{} lacks key(s) {}; it has {}'.format(
             where, ', '.join(missing), ', '.join(sorted(map(str, batch)))))
-    data = numpy.asarray(batch['data'])
+    data = batch['data']
+    if not isinstance(data, numpy.ndarray):
+        # numpy.asarray of a list of texts would allocate rows x the longest
+        # text: a small file could ask for terabytes
+        raise DatasetFormatError("{}: 'data' is a {}, expected a uint8 array "
+                                 "of shape (N, {})".format(
+                                     where, type(data).__name__, _ROW_BYTES))
     if data.ndim != 2 or data.shape[1] != _ROW_BYTES:
         raise DatasetFormatError(
             "{}: 'data' has shape {}, expected (N, {}) (rows of 1024 R, 1024 "
@@ -326,7 +348,15 @@ def _parse_batch(obj, label_key, n_classes, where):
             raise DatasetFormatError("{}: 'data' must hold bytes 0..255, got "
                                      "dtype {}".format(where, data.dtype))
         data = data.astype(numpy.uint8)
-    labels = numpy.asarray(batch[label_key])
+    labels = batch[label_key]
+    if not isinstance(labels, numpy.ndarray) and not (
+            isinstance(labels, (list, tuple)) and all(
+                isinstance(v, (int, numpy.integer)) for v in labels)):
+        raise DatasetFormatError('{}: {!r} must be {} integers (one per row), '
+                                 'got a {} holding other values'.format(
+                                     where, label_key, len(data),
+                                     type(labels).__name__))
+    labels = numpy.asarray(labels)
     if labels.shape != (len(data),) or (labels.size
                                         and labels.dtype.kind not in 'iu'):
         raise DatasetFormatError('{}: {!r} must be {} integers (one per row), '
@@ -345,5 +375,9 @@ def _parse_label_names(obj, key, where):
     if key not in meta:
         raise DatasetFormatError('{} lacks key {!r}; it has {}'.format(
             where, key, ', '.join(sorted(map(str, meta)))))
-    return [n.decode('latin1') if isinstance(n, bytes) else str(n)
-            for n in meta[key]]
+    names = meta[key]
+    if not isinstance(names, (list, tuple)) or not all(
+            isinstance(n, (str, bytes)) for n in names):
+        raise DatasetFormatError('{}: {!r} must be a list of class names '
+                                 '(text)'.format(where, key))
+    return [n.decode('latin1') if isinstance(n, bytes) else n for n in names]

@@ -209,3 +209,41 @@ def test_malformed_files(tmp_path):
     not_tar.write_bytes(b'\x1f\x8b garbage')
     with pytest.raises(DatasetFormatError, match='tar archive'):
         get_cifar('cifar10', str(not_tar))
+
+
+def test_small_files_cannot_ask_for_large_allocations(tmp_path):
+    # issue 50: the batch passes the restricted unpickler (plain bytes, a
+    # list), and numpy.asarray of it would allocate rows x the longest text
+    # (200,001 x 300,000 bytes = 60 GB) from a 0.7 MB file
+    folder, _ = make_cifar10(tmp_path)
+    batch = os.path.join(folder, 'data_batch_2')
+    texts = [b'x' * 300000] + [b'a'] * 200000
+    _dump(batch, {'data': texts, 'labels': [0]}, bytes_keys=False)
+    assert os.path.getsize(batch) < 2 ** 20
+    with pytest.raises(DatasetFormatError,
+                       match="data_batch_2: 'data' is a list, expected"):
+        get_cifar('cifar10', folder)
+
+    _dump(batch, {'data': _rows(2, 0), 'labels': [b'x' * 300000, b'a']},
+          bytes_keys=False)
+    with pytest.raises(DatasetFormatError, match="'labels' must be 2 int"):
+        get_cifar('cifar10', folder)
+    _dump(batch, {'data': _rows(2, 0), 'labels': [0, 1]}, bytes_keys=False)
+
+    meta = os.path.join(folder, 'batches.meta')
+    _dump(meta, {'label_names': [[b'a'] * 10] * 10}, bytes_keys=False)
+    with pytest.raises(DatasetFormatError, match="'label_names' must be a "
+                       'list of class names'):
+        get_cifar('cifar10', folder)
+
+
+def test_archive_members_are_read_within_a_bound(tmp_path):
+    # a tar member declaring 300 MiB (a gzip of zeros that size is 0.3 MB):
+    # refused from its header, before anything is inflated or read
+    archive = tmp_path / 'cifar-10-python.tar'
+    info = tarfile.TarInfo('cifar-10-batches-py/test_batch')
+    info.size = 300 * 2 ** 20
+    archive.write_bytes(info.tobuf())
+    with pytest.raises(DatasetFormatError, match='test_batch is 314572800 '
+                       'bytes .at most 268435456 per file'):
+        get_cifar('cifar10', str(archive))
