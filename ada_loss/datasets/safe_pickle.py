@@ -130,21 +130,27 @@ for _module in ('numpy.core.numeric', 'numpy._core.numeric'):
 PLAIN_KINDS = 'biufSU'
 #: ``numpy.dtype`` descriptions of these kinds, as NumPy pickles them (the
 #: byte order is in the state); text lengths bounded by MAX_ARRAY_BYTES
-_DESCR = re.compile(r'(b1|[iu][1248]|f[248]|[SU][1-9][0-9]{0,8})\Z')
+_DESCR = re.compile(r'(b1|[iu][1248]|f[248]|[SU][0-9]{1,9})\Z')
 _KIND_NAMES = {'O': 'object', 'V': 'void (structured)', 'M': 'datetime',
                'm': 'timedelta', 'c': 'complex', 'f': 'float', 'i': 'int',
                'u': 'uint', 'b': 'bool', 'S': 'bytes', 'U': 'str',
                'a': 'bytes'}
 _LEAVES = (str, bytes, int, float, bool, type(None))
-_STRINGS = frozenset(('STRING', 'BINSTRING', 'SHORT_BINSTRING'))
-_TEXTS = frozenset(('UNICODE', 'BINUNICODE', 'SHORT_BINUNICODE',
-                    'BINUNICODE8'))
-_INTS = frozenset(('INT', 'BININT', 'BININT1', 'BININT2', 'LONG', 'LONG1',
-                   'LONG4'))
-_PUTS = frozenset(('PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE'))
-_GETS = frozenset(('GET', 'BINGET', 'LONG_BINGET'))
-# opcodes that leave the stack as it is
-_NEUTRAL = _PUTS | {'PROTO', 'FRAME'}
+
+# what pass 1 checks of each admitted opcode
+_OTHER, _TEXT, _BYTES, _NUMBER, _PUT, _GET, _GLOBAL, _NEUTRAL = range(8)
+_KIND = dict.fromkeys(OPCODES, _OTHER)
+_KIND.update(dict.fromkeys(('UNICODE', 'BINUNICODE', 'SHORT_BINUNICODE',
+                            'BINUNICODE8'), _TEXT))
+_KIND.update(dict.fromkeys(('STRING', 'BINSTRING', 'SHORT_BINSTRING',
+                            'BINBYTES', 'SHORT_BINBYTES', 'BINBYTES8',
+                            'BYTEARRAY8'), _BYTES))
+_KIND.update(dict.fromkeys(('INT', 'BININT', 'BININT1', 'BININT2', 'LONG',
+                            'LONG1', 'LONG4', 'FLOAT', 'BINFLOAT'), _NUMBER))
+_KIND.update(dict.fromkeys(('PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE'), _PUT))
+_KIND.update(dict.fromkeys(('GET', 'BINGET', 'LONG_BINGET'), _GET))
+_KIND.update(dict.fromkeys(('GLOBAL', 'STACK_GLOBAL'), _GLOBAL))
+_KIND.update(dict.fromkeys(('PROTO', 'FRAME'), _NEUTRAL))
 
 
 class UnsafePickleError(DatasetFormatError):
@@ -208,67 +214,67 @@ def validate(data):
     count = 0
     stored = set()          # memo indices stored so far
     texts = {}              # memo index -> text constant stored there
-    recent = []             # text constants pushed last (None: other)
+    # the values the last two stack-changing opcodes pushed, if they were
+    # text constants (None: anything else): STACK_GLOBAL's two names
+    last = before = None
     for op, arg, pos in _opcodes(data):
         count += 1
         if count > MAX_OPCODES:
             raise UnsafePickleError('has more than {} opcodes'.format(
                 MAX_OPCODES))
-        name = op.name
-        if name not in OPCODES:
+        kind = _KIND.get(op.name)
+        if kind is None:
             raise UnsafePickleError(
                 'uses the pickle opcode {} at byte {}, which a data file of '
-                'plain arrays does not need'.format(name, pos))
-        if isinstance(arg, (str, bytes, bytearray)) and (
-                len(arg) > MAX_ARRAY_BYTES):
-            raise UnsafePickleError('holds a {} of {} characters at byte {} '
-                                    '(at most {})'.format(
-                                        type(arg).__name__, len(arg), pos,
-                                        MAX_ARRAY_BYTES))
-        if name in _INTS and type(arg) is int and (
-                arg.bit_length() > MAX_INT_BITS):
-            raise UnsafePickleError('holds a {}-bit integer at byte {} (at '
-                                    'most {} bits)'.format(
-                                        arg.bit_length(), pos, MAX_INT_BITS))
-        if name == 'PROTO' and arg > 5:
-            raise DatasetFormatError('not a readable pickle (protocol {})'
-                                     .format(arg))
-        if name in _PUTS:
-            index = len(stored) if name == 'MEMOIZE' else arg
+                'plain arrays does not need'.format(op.name, pos))
+        if kind == _OTHER:
+            last = before = None
+        elif kind == _TEXT or kind == _BYTES:
+            if len(arg) > MAX_ARRAY_BYTES:
+                raise UnsafePickleError(
+                    'holds a {} of {} characters at byte {} (at most {})'
+                    .format(type(arg).__name__, len(arg), pos,
+                            MAX_ARRAY_BYTES))
+            before, last = last, (arg if kind == _TEXT else None)
+        elif kind == _NUMBER:
+            if type(arg) is int and arg.bit_length() > MAX_INT_BITS:
+                raise UnsafePickleError(
+                    'holds a {}-bit integer at byte {} (at most {} bits)'
+                    .format(arg.bit_length(), pos, MAX_INT_BITS))
+            last = before = None
+        elif kind == _PUT:
+            index = len(stored) if arg is None else arg     # MEMOIZE
             if not 0 <= index <= count:     # pickle numbers them in order
                 raise UnsafePickleError('stores memo entry {} at byte {}'
                                         .format(_short(index), pos))
             stored.add(index)
-            if recent and recent[-1] is not None:
-                texts[index] = recent[-1]
+            if last is not None:
+                texts[index] = last
             else:
                 texts.pop(index, None)
-            continue
-        if name in _NEUTRAL:
-            continue
-        if name in _GETS:
+        elif kind == _GET:
             if arg not in stored:
                 raise DatasetFormatError(
                     'not a readable pickle (fetches memo entry {} at byte {}, '
                     'never stored)'.format(_short(arg), pos))
-            recent = recent[-1:] + [texts.get(arg)]
-        elif name in _TEXTS:
-            recent = recent[-1:] + [arg]
-        elif name == 'GLOBAL':
-            module, _, attr = arg.partition(' ')
-            _global(module, attr)
-            recent = []
-        elif name == 'STACK_GLOBAL':
-            # the two names must be the file's own text constants, pushed
-            # just before (as pickle writes them), not computed values
-            if len(recent) < 2 or None in recent[-2:]:
-                raise UnsafePickleError(
-                    'names a global at byte {} by values it computes'.format(
-                        pos))
-            _global(*recent[-2:])
-            recent = []
-        else:
-            recent = []
+            before, last = last, texts.get(arg)
+        elif kind == _GLOBAL:
+            if arg is None:
+                # STACK_GLOBAL: the two names must be the file's own text
+                # constants pushed just before (as pickle writes them),
+                # not values it computes
+                if last is None or before is None:
+                    raise UnsafePickleError(
+                        'names a global at byte {} by values it computes'
+                        .format(pos))
+                _global(before, last)
+            else:
+                module, _, attr = arg.partition(' ')
+                _global(module, attr)
+            last = before = None
+        elif op.name == 'PROTO' and arg > 5:
+            raise DatasetFormatError('not a readable pickle (protocol {})'
+                                     .format(arg))
 
 
 # -- pass 2: a reader that builds only plain values and arrays ----------------
@@ -355,120 +361,182 @@ class _Reader(object):
                 what, type(value).__name__))
         return value
 
-    # ---- the loop
+    # ---- the loop: one method per opcode, on self.stack / marks / memo
     def read(self):
-        stack = []
-        marks = []
-        memo = {}
+        self.stack = []
+        self.marks = []
+        self.memo = {}
+        ops = self._OPS
         for op, arg, pos in _opcodes(self.data):
             name = op.name
             try:
-                if name in _INTS or name in ('FLOAT', 'BINFLOAT') or (
-                        name in _TEXTS):
-                    stack.append(arg)
-                elif name in _STRINGS:
-                    stack.append(self.text(arg))
-                elif name in ('BINBYTES', 'SHORT_BINBYTES', 'BINBYTES8',
-                              'BYTEARRAY8'):
-                    stack.append(arg)
-                elif name == 'NONE':
-                    stack.append(None)
-                elif name == 'NEWTRUE':
-                    stack.append(True)
-                elif name == 'NEWFALSE':
-                    stack.append(False)
-                elif name == 'MARK':
-                    marks.append(stack)
-                    stack = []
-                elif name in ('EMPTY_TUPLE', 'TUPLE1', 'TUPLE2', 'TUPLE3'):
-                    n = {'EMPTY_TUPLE': 0, 'TUPLE1': 1, 'TUPLE2': 2,
-                         'TUPLE3': 3}[name]
-                    if len(stack) < n:
-                        raise IndexError
-                    items = tuple(stack[len(stack) - n:])
-                    del stack[len(stack) - n:]
-                    stack.append(items)
-                elif name in ('TUPLE', 'LIST', 'DICT'):
-                    items = stack
-                    stack = marks.pop()
-                    if name == 'TUPLE':
-                        stack.append(tuple(items))
-                    elif name == 'LIST':
-                        stack.append(items)
-                    else:
-                        d = {}
-                        self.set_items(d, items, pos)
-                        stack.append(d)
-                elif name == 'EMPTY_LIST':
-                    stack.append([])
-                elif name == 'EMPTY_DICT':
-                    stack.append({})
-                elif name in ('APPEND', 'APPENDS'):
-                    if name == 'APPEND':
-                        items = [stack.pop()]
-                    else:
-                        items = stack
-                        stack = marks.pop()
-                    target = stack[-1]
-                    if type(target) is not list:
-                        raise UnsafePickleError(
-                            'appends to a {} at byte {}'.format(
-                                type(target).__name__, pos))
-                    target.extend(items)
-                elif name in ('SETITEM', 'SETITEMS'):
-                    if name == 'SETITEM':
-                        items = stack[-2:]
-                        if len(items) < 2:
-                            raise IndexError
-                        del stack[-2:]
-                    else:
-                        items = stack
-                        stack = marks.pop()
-                    target = stack[-1]
-                    if type(target) is not dict:
-                        raise UnsafePickleError(
-                            'sets items of a {} at byte {}'.format(
-                                type(target).__name__, pos))
-                    self.set_items(target, items, pos)
-                elif name in _PUTS:
-                    memo[len(memo) if name == 'MEMOIZE' else arg] = stack[-1]
-                elif name in _GETS:
-                    value = memo[arg]
-                    if type(value) is _Array and value.array is not None:
-                        value = value.array
-                    stack.append(value)
-                elif name == 'GLOBAL':
-                    module, _, attr = arg.partition(' ')
-                    _global(module, attr)
-                    stack.append(self.globals[(module, attr)])
-                elif name == 'STACK_GLOBAL':
-                    attr = stack.pop()
-                    module = stack.pop()
-                    _global(module, attr)
-                    stack.append(self.globals[(module, attr)])
-                elif name == 'REDUCE':
-                    args = stack.pop()
-                    stack[-1] = self.call(stack[-1], args, pos)
-                elif name == 'BUILD':
-                    state = stack.pop()
-                    stack[-1] = self.build(stack[-1], state, pos)
-                elif name in ('PROTO', 'FRAME'):
-                    pass
-                elif name == 'STOP':
-                    if marks or len(stack) != 1:
-                        raise DatasetFormatError(
-                            'not a readable pickle (it stops with {} values '
-                            'and {} marks left at byte {})'.format(
-                                len(stack), len(marks), pos))
-                    return stack[0]
-                else:       # validate() admitted no other opcode
-                    raise UnsafePickleError('uses the pickle opcode {}'
-                                            .format(name))
+                result = ops[name](self, arg, pos)
             except (IndexError, KeyError) as e:
                 raise DatasetFormatError(
                     'not a readable pickle (opcode {} at byte {} finds no '
                     'value or mark it needs)'.format(name, pos)) from e
+            if result is not None:
+                return result[0]
         raise DatasetFormatError('not a readable pickle (no STOP)')
+
+    def push(self, arg, pos):
+        self.stack.append(arg)
+
+    def push_text(self, arg, pos):
+        self.stack.append(self.text(arg))
+
+    def push_none(self, arg, pos):
+        self.stack.append(None)
+
+    def push_true(self, arg, pos):
+        self.stack.append(True)
+
+    def push_false(self, arg, pos):
+        self.stack.append(False)
+
+    def push_empty_tuple(self, arg, pos):
+        self.stack.append(())
+
+    def push_empty_list(self, arg, pos):
+        self.stack.append([])
+
+    def push_empty_dict(self, arg, pos):
+        self.stack.append({})
+
+    def mark(self, arg, pos):
+        self.marks.append(self.stack)
+        self.stack = []
+
+    def pop_mark(self):
+        items = self.stack
+        self.stack = self.marks.pop()
+        return items
+
+    def tuple_n(self, n):
+        stack = self.stack
+        if len(stack) < n:
+            raise IndexError(n)
+        items = tuple(stack[len(stack) - n:])
+        del stack[len(stack) - n:]
+        stack.append(items)
+
+    def tuple1(self, arg, pos):
+        self.tuple_n(1)
+
+    def tuple2(self, arg, pos):
+        self.tuple_n(2)
+
+    def tuple3(self, arg, pos):
+        self.tuple_n(3)
+
+    def tuple_mark(self, arg, pos):
+        items = tuple(self.pop_mark())
+        self.stack.append(items)
+
+    def list_mark(self, arg, pos):
+        items = self.pop_mark()
+        self.stack.append(items)
+
+    def dict_mark(self, arg, pos):
+        items = self.pop_mark()
+        d = {}
+        self.set_items(d, items, pos)
+        self.stack.append(d)
+
+    def append(self, arg, pos):
+        value = self.stack.pop()
+        self.extend([value], pos)
+
+    def appends(self, arg, pos):
+        self.extend(self.pop_mark(), pos)
+
+    def extend(self, items, pos):
+        target = self.stack[-1]
+        if type(target) is not list:
+            raise UnsafePickleError('appends to a {} at byte {}'.format(
+                _target_name(target), pos))
+        target.extend(items)
+
+    def setitem(self, arg, pos):
+        stack = self.stack
+        if len(stack) < 3:
+            raise IndexError(3)
+        items = stack[-2:]
+        del stack[-2:]
+        self.set_items_of_top(items, pos)
+
+    def setitems(self, arg, pos):
+        self.set_items_of_top(self.pop_mark(), pos)
+
+    def set_items_of_top(self, items, pos):
+        target = self.stack[-1]
+        if type(target) is not dict:
+            raise UnsafePickleError('sets items of a {} at byte {}'.format(
+                _target_name(target), pos))
+        self.set_items(target, items, pos)
+
+    def put(self, arg, pos):
+        memo = self.memo
+        memo[len(memo) if arg is None else arg] = self.stack[-1]
+
+    def get(self, arg, pos):
+        value = self.memo[arg]
+        if type(value) is _Array and value.array is not None:
+            value = value.array
+        self.stack.append(value)
+
+    def global_(self, arg, pos):
+        module, _, attr = arg.partition(' ')
+        _global(module, attr)
+        self.stack.append(self.globals[(module, attr)])
+
+    def stack_global(self, arg, pos):
+        attr = self.stack.pop()
+        module = self.stack.pop()
+        if type(module) is not str or type(attr) is not str:
+            raise UnsafePickleError('names a global by a {} and a {}'.format(
+                type(module).__name__, type(attr).__name__))
+        _global(module, attr)
+        self.stack.append(self.globals[(module, attr)])
+
+    def reduce(self, arg, pos):
+        args = self.stack.pop()
+        self.stack[-1] = self.call(self.stack[-1], args, pos)
+
+    def build_(self, arg, pos):
+        state = self.stack.pop()
+        self.stack[-1] = self.build(self.stack[-1], state, pos)
+
+    def nothing(self, arg, pos):
+        pass
+
+    def stop(self, arg, pos):
+        if self.marks or len(self.stack) != 1:
+            raise DatasetFormatError(
+                'not a readable pickle (it stops with {} values and {} marks '
+                'left at byte {})'.format(len(self.stack), len(self.marks),
+                                          pos))
+        return self.stack
+
+    _OPS = dict.fromkeys(('INT', 'BININT', 'BININT1', 'BININT2', 'LONG',
+                          'LONG1', 'LONG4', 'FLOAT', 'BINFLOAT', 'UNICODE',
+                          'BINUNICODE', 'SHORT_BINUNICODE', 'BINUNICODE8',
+                          'BINBYTES', 'SHORT_BINBYTES', 'BINBYTES8',
+                          'BYTEARRAY8'), push)
+    _OPS.update(dict.fromkeys(('STRING', 'BINSTRING', 'SHORT_BINSTRING'),
+                              push_text))
+    _OPS.update(dict.fromkeys(('PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE'),
+                              put))
+    _OPS.update(dict.fromkeys(('GET', 'BINGET', 'LONG_BINGET'), get))
+    _OPS.update(PROTO=nothing, FRAME=nothing, STOP=stop, MARK=mark,
+                NONE=push_none, NEWTRUE=push_true, NEWFALSE=push_false,
+                EMPTY_TUPLE=push_empty_tuple, TUPLE1=tuple1, TUPLE2=tuple2,
+                TUPLE3=tuple3, TUPLE=tuple_mark, EMPTY_LIST=push_empty_list,
+                LIST=list_mark, APPEND=append, APPENDS=appends,
+                EMPTY_DICT=push_empty_dict, DICT=dict_mark, SETITEM=setitem,
+                SETITEMS=setitems, GLOBAL=global_, STACK_GLOBAL=stack_global,
+                REDUCE=reduce, BUILD=build_)
+    assert set(_OPS) == OPCODES
 
     def set_items(self, target, items, pos):
         if len(items) % 2:
@@ -521,6 +589,8 @@ class _Reader(object):
                     'gives a {} scalar {} bytes, expected {}'.format(
                         dtype, len(raw), dtype.itemsize))
             self.spend(len(raw), 'a scalar')
+            if not dtype.itemsize:      # b'' and '' as NumPy scalars
+                return dtype.type()
             try:
                 return numpy.frombuffer(raw, dtype, 1)[0]
             except (ValueError, UnicodeError) as e:   # e.g. no code point
@@ -600,7 +670,8 @@ class _Reader(object):
                     'sets the state of an array to other than (1, shape, '
                     'dtype, is_fortran, bytes) at byte {}'.format(pos))
             target.array = self.make_array(state[1], state[2].dtype,
-                                           bool(state[3]), state[4])
+                                           bool(state[3]), state[4],
+                                           native=True)
             return target.array
         raise UnsafePickleError('sets the state of a {} at byte {} (only '
                                 'dtypes and arrays have one)'.format(
@@ -629,7 +700,10 @@ class _Reader(object):
                                                       want))
         return dtype
 
-    def make_array(self, shape, dtype, fortran, raw):
+    def make_array(self, shape, dtype, fortran, raw, native=False):
+        """A new array owning a copy of ``raw``; ``native``: in the
+        machine's byte order, values kept (what ``ndarray.__setstate__``
+        gives; ``_frombuffer`` keeps the file's order)."""
         if type(shape) is not tuple or len(shape) > MAX_DEPTH or not all(
                 type(n) is int and 0 <= n <= MAX_ARRAY_BYTES for n in shape):
             raise UnsafePickleError('gives an array the shape {}, expected a '
@@ -639,6 +713,10 @@ class _Reader(object):
         for n in shape:
             size *= n
         nbytes = size * dtype.itemsize
+        if not dtype.itemsize:
+            raise UnsafePickleError('gives an array the unsized dtype {} '
+                                    '(NumPy writes S1 or U1 at least)'.format(
+                                        dtype))
         if nbytes > MAX_ARRAY_BYTES or nbytes != len(raw):
             raise UnsafePickleError(
                 'gives a {} array of shape {} {} bytes, expected {}{}'.format(
@@ -646,9 +724,16 @@ class _Reader(object):
                     '' if nbytes <= MAX_ARRAY_BYTES else
                     ' (more than {})'.format(MAX_ARRAY_BYTES)))
         self.spend(nbytes, 'an array')
-        array = numpy.empty(shape, dtype, order='F' if fortran else 'C')
+        order = 'F' if fortran else 'C'
+        if native and not dtype.isnative:
+            array = numpy.empty(shape, dtype.newbyteorder('='), order)
+            if nbytes:
+                array[...] = numpy.frombuffer(raw, dtype).reshape(
+                    shape, order=order)
+            return array
+        array = numpy.empty(shape, dtype, order)
         if nbytes:
-            # a fresh array owning its bytes, filled in memory order
+            # filled in memory order (a view: the array is contiguous)
             array.reshape(-1, order='A').view(numpy.uint8)[...] = (
                 numpy.frombuffer(raw, numpy.uint8))
         return array
@@ -727,51 +812,64 @@ def check_plain(obj, max_payload=None):
     and references, however they are shared."""
     if max_payload is None:
         max_payload = payload_bound(MAX_FILE_BYTES)
+    payload = _leaf_payload(obj)
+    if payload is not None:
+        if payload > max_payload:
+            raise UnsafePickleError('holds {} bytes (at most {})'.format(
+                payload, max_payload))
+        return
     measured = {}       # id -> (elements, payload, depth) of a container
-    open_ = set()       # ids of the containers being visited (cycles)
-    keep = []           # keeps the measured alive, so ids stay unique
-    todo = [(obj, False)]
+    path = set()        # ids of the containers being visited: a cycle
+    keep = []           # the measured, alive (ids stay unique)
+    todo = [(obj, None)]
     while todo:
-        node, leaving = todo.pop()
+        node, partial = todo.pop()
         key = id(node)
-        if not leaving:
+        if partial is None:             # entering node
             if key in measured:
                 continue
-            if _leaf_payload(node) is not None:
-                continue
-            open_.add(key)
-            todo.append((node, True))
+            if len(path) >= MAX_DEPTH:
+                raise UnsafePickleError('nests deeper than {} levels'.format(
+                    MAX_DEPTH))
+            path.add(key)
+            elements, payload, inner = 1, 0, []
             for child in _children(node):
-                if id(child) in open_:
+                leaf = _leaf_payload(child)
+                if leaf is not None:
+                    elements += 1
+                    payload += leaf
+                elif id(child) in path:
                     raise UnsafePickleError('holds a container that contains '
                                             'itself')
-                if id(child) not in measured:
-                    todo.append((child, False))
+                else:
+                    inner.append(child)
+            _within(elements, payload, max_payload)
+            todo.append((node, (elements, payload, inner)))
+            todo.extend((child, None) for child in inner
+                        if id(child) not in measured)
             continue
-        open_.discard(key)
-        elements, payload, depth = 1, 0, 0
-        for child in _children(node):
-            inner = measured.get(id(child))
-            if inner is None:
-                inner = (1, _leaf_payload(child), 0)
-            elements += inner[0]
-            payload += inner[1]
-            depth = max(depth, inner[2])
-        depth += 1
-        if elements > MAX_ELEMENTS:
-            raise UnsafePickleError(
-                'holds more than {} objects counting every memo reference '
-                '(a consumer walking it would visit each)'.format(
-                    MAX_ELEMENTS))
-        if payload > max_payload:
-            raise UnsafePickleError(
-                'reaches more than {} bytes of text and arrays counting every '
-                'memo reference'.format(max_payload))
-        if depth > MAX_DEPTH:
-            raise UnsafePickleError('nests deeper than {} levels'.format(
-                MAX_DEPTH))
-        measured[key] = (elements, payload, depth)
+        elements, payload, inner = partial     # leaving node
+        depth = 0
+        for child in inner:
+            counts = measured[id(child)]
+            elements += counts[0]
+            payload += counts[1]
+            depth = max(depth, counts[2])
+        _within(elements, payload, max_payload)
+        path.discard(key)
+        measured[key] = (elements, payload, depth + 1)
         keep.append(node)
+
+
+def _within(elements, payload, max_payload):
+    if elements > MAX_ELEMENTS:
+        raise UnsafePickleError(
+            'holds more than {} objects counting every memo reference (a '
+            'consumer walking it would visit each)'.format(MAX_ELEMENTS))
+    if payload > max_payload:
+        raise UnsafePickleError(
+            'reaches more than {} bytes of text and arrays counting every '
+            'memo reference'.format(max_payload))
 
 
 def loads(data, encoding='latin1'):

@@ -6,8 +6,11 @@ NumPy 2 write them (protocols 2-5) load; any truncated or bit-flipped file
 gives one DatasetFormatError naming the file."""
 import os
 import pickle
+import pickletools
 import struct
 import sys
+import time
+import tracemalloc
 
 import numpy
 import pytest
@@ -20,6 +23,7 @@ from property_helpers import assert_specific, examples
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_cifar import _rows, make_cifar10  # NOQA: E402
+import test_safe_pickle_attacks as attacks  # NOQA: E402
 
 
 # -- Python 2's cPickle (protocol 2), written opcode by opcode ----------------
@@ -183,3 +187,346 @@ def test_corrupted_pickles_give_one_format_error(data):
         assert_specific(e)
     else:                       # a flip may leave a loadable, plain pickle
         safe_pickle.check_plain(obj)
+
+
+# -- round trips: what pickle itself reads, read the same ---------------------
+_PLAIN_DESCRS = ['b1', 'i1', 'i2', 'i4', 'i8', 'u1', 'u2', 'u4', 'u8', 'f2',
+                 'f4', 'f8', 'S1', 'S5', 'U1', 'U3']
+
+
+@st.composite
+def plain_arrays(draw):
+    dtype = numpy.dtype(draw(st.sampled_from(_PLAIN_DESCRS)))
+    if draw(st.booleans()):
+        dtype = dtype.newbyteorder('>')
+    shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+    n = int(numpy.prod(shape)) * dtype.itemsize
+    raw = draw(st.binary(min_size=n, max_size=n))
+    array = numpy.frombuffer(raw, dtype).reshape(shape).copy()
+    layout = draw(st.sampled_from(['C', 'F', 'strided', 'scalar']))
+    if layout == 'F':
+        return numpy.asfortranarray(array)
+    if layout == 'strided' and array.ndim:
+        return array[::2]
+    if layout == 'scalar' and array.size:
+        return array.reshape(-1)[0]
+    return array
+
+
+_TEXT_KEYS = st.text(max_size=8) | st.binary(max_size=8)
+plain_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 63, 2 ** 64 - 1)
+    | st.floats() | st.text(max_size=20) | st.binary(max_size=20)
+    | plain_arrays(),
+    lambda inner: (st.lists(inner, max_size=4)
+                   | st.lists(inner, max_size=3).map(tuple)
+                   | st.dictionaries(_TEXT_KEYS, inner, max_size=4)),
+    max_leaves=12)
+
+
+def assert_same(got, want):
+    """``got`` is ``want`` value for value, type for type (arrays: dtype and
+    byte order, shape, layout and bytes; floats: bits, NaN included)."""
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, (numpy.ndarray, numpy.generic)):
+        assert got.dtype.str == want.dtype.str
+        assert numpy.shape(got) == numpy.shape(want)
+        assert got.tobytes() == want.tobytes()
+        if isinstance(want, numpy.ndarray):
+            assert (got.flags.c_contiguous, got.flags.f_contiguous) == (
+                want.flags.c_contiguous, want.flags.f_contiguous)
+    elif isinstance(want, float):
+        assert struct.pack('<d', got) == struct.pack('<d', want)
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+    elif isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            assert_same(got[k], want[k])
+    else:
+        assert got == want
+
+
+@settings(max_examples=examples(200))
+@given(plain_values, st.integers(0, 5))
+def test_plain_values_load_as_pickle_loads_them(obj, protocol):
+    data = pickle.dumps(obj, protocol=protocol)
+    assert_same(safe_pickle.loads(data), pickle.loads(data))
+
+
+def _cifar_dict(n, seed, bytes_keys):
+    obj = {'batch_label': 'training batch 1 of 5', 'data': _rows(n, seed),
+           'labels': [int(v) for v in numpy.arange(n) * 7 % 10],
+           'filenames': ['n{:05d}_{}.png'.format(seed, i) for i in range(n)]}
+    if bytes_keys:
+        obj = {k.encode(): (v.encode() if isinstance(v, str) else
+                            [f.encode() for f in v] if k == 'filenames'
+                            else v) for k, v in obj.items()}
+    return obj
+
+
+@pytest.mark.parametrize('protocol', [0, 1, 2, 3, 4, 5])
+@pytest.mark.parametrize('bytes_keys', [False, True])
+def test_cifar_batches_load_as_pickle_loads_them(protocol, bytes_keys):
+    data = pickle.dumps(_cifar_dict(300, protocol, bytes_keys),
+                        protocol=protocol)
+    got = safe_pickle.loads(data)
+    assert_same(got, pickle.loads(data))
+    key = b'data' if bytes_keys else 'data'
+    assert got[key].flags.writeable and got[key].flags.owndata
+
+
+@pytest.mark.parametrize('encoding', ['latin1', 'bytes'])
+def test_python2_batches_load_as_pickle_loads_them(encoding):
+    # the official files: Python 2 cPickle, read as latin1 text or as bytes
+    data = py2_pickle(_batch(50, 3))
+    assert_same(safe_pickle.loads(data, encoding=encoding),
+                pickle.loads(data, encoding=encoding))
+
+
+def test_the_bounds_fit_cifar100s_largest_file():
+    # CIFAR-100's train: 50,000 rows of 3,072 bytes, its lists of labels
+    # and file names (the real file is 161 MB; the lists' opcodes counted
+    # from a Python 2 layout of 1,000 rows, scaled)
+    rows = 50000
+    assert rows * 3072 <= safe_pickle.MAX_ARRAY_BYTES
+    small = py2_pickle(dict(_batch(1000, 0), fine_labels=[1] * 1000,
+                            coarse_labels=[2] * 1000))
+    ops = sum(1 for _ in pickletools.genops(small)) * rows // 1000
+    assert ops < safe_pickle.MAX_OPCODES // 4
+    assert 3 * rows < safe_pickle.MAX_ELEMENTS // 4
+    assert 161 * 10 ** 6 < safe_pickle.MAX_FILE_BYTES
+
+
+# -- hostile opcode streams: refused or plain, in bounded time and memory -----
+#: per example: seconds, and traced bytes per byte of input plus a floor
+SECONDS = 2.0
+TRACED_PER_BYTE, TRACED_FLOOR = 64, 4 * 2 ** 20
+
+_NAMES = [('numpy.core.multiarray', '_reconstruct'), ('numpy', 'ndarray'),
+          ('numpy', 'dtype'), ('numpy._core.multiarray', 'scalar'),
+          ('numpy._core.numeric', '_frombuffer'), ('_codecs', 'encode'),
+          ('builtins', 'bytes'), ('os', 'system'), ('builtins', 'eval'),
+          ('numpy', 'frombuffer'), ('builtins', 'getattr')]
+_DESCRS = _PLAIN_DESCRS + ['O8', 'V8', 'f16', 'c16', 'M8', 'S0', '(2,)u1',
+                           'S999999999', '<u1', '']
+
+
+def _sized(fmt, payload):
+    return struct.pack(fmt, len(payload)) + payload
+
+
+@st.composite
+def opcode(draw):
+    """One pickle opcode of any kind with a random argument of its kind
+    (sometimes a length that lies)."""
+    op = draw(st.sampled_from(pickletools.opcodes))
+    arg = op.arg.name if op.arg else None
+    blob = draw(st.binary(max_size=24))
+    text_ = draw(st.text(max_size=12))
+    number = draw(st.integers(-2 ** 70, 2 ** 70))
+    if arg is None:
+        tail = b''
+    elif arg in ('uint1', 'uint2', 'int4', 'uint4', 'uint8'):
+        fmt = {'uint1': '<B', 'uint2': '<H', 'int4': '<i', 'uint4': '<I',
+               'uint8': '<Q'}[arg]
+        bits = struct.calcsize(fmt) * 8
+        lo = -2 ** (bits - 1) if fmt == '<i' else 0
+        hi = 2 ** (bits - 1) - 1 if fmt == '<i' else 2 ** bits - 1
+        tail = struct.pack(fmt, draw(st.integers(lo, hi) | st.integers(0, 9)))
+    elif arg in ('decimalnl_short', 'decimalnl_long'):
+        tail = str(draw(st.integers(-5, 40) | st.just(number))).encode() + (
+            b'L\n' if arg == 'decimalnl_long' else b'\n')
+    elif arg == 'stringnl':
+        tail = repr(blob)[1:].encode() + b'\n'
+    elif arg == 'stringnl_noescape':
+        tail = text_.encode('ascii', 'replace').replace(b'\n', b'') + b'\n'
+    elif arg == 'stringnl_noescape_pair':
+        module, name = draw(st.sampled_from(_NAMES))
+        tail = module.encode() + b'\n' + name.encode() + b'\n'
+    elif arg in ('string1', 'bytes1'):
+        tail = _sized('<B', blob)
+    elif arg == 'unicodestring1':
+        tail = _sized('<B', text_.encode('utf-8', 'surrogatepass'))
+    elif arg in ('string4', 'bytes4'):
+        tail = _sized('<I', blob)
+    elif arg == 'unicodestring4':
+        tail = _sized('<I', text_.encode('utf-8', 'surrogatepass'))
+    elif arg in ('bytes8', 'bytearray8'):
+        tail = _sized('<Q', blob)
+    elif arg == 'unicodestring8':
+        tail = _sized('<Q', text_.encode('utf-8', 'surrogatepass'))
+    elif arg == 'unicodestringnl':
+        tail = text_.encode('raw-unicode-escape').replace(b'\n', b'') + b'\n'
+    elif arg == 'floatnl':
+        tail = repr(draw(st.floats())).encode() + b'\n'
+    elif arg == 'float8':
+        tail = struct.pack('>d', draw(st.floats()))
+    elif arg == 'long1':
+        tail = _sized('<B', blob[:12])
+    elif arg == 'long4':
+        tail = _sized('<i', blob)
+    else:
+        raise AssertionError(arg)
+    if draw(st.integers(0, 20)) == 0 and len(tail) > 1:     # a lying length
+        tail = tail[:draw(st.integers(0, len(tail) - 1))]
+    return op.code.encode('latin-1') + tail
+
+
+@st.composite
+def fragment(draw):
+    """A piece of what NumPy writes, with random parameters: a dtype and
+    its state, an array's reconstruction, a memo reference, a codec call."""
+    kind = draw(st.sampled_from(['dtype', 'state', 'array', 'get', 'put',
+                                 'encode', 'op', 'op', 'op']))
+    if kind == 'dtype':
+        return attacks.dtype(draw(st.sampled_from(_DESCRS)))
+    if kind == 'state':
+        none = attacks.NONE
+        return attacks.dtype_state(
+            none, none, none, draw(st.sampled_from([-1, 8, 1])),
+            draw(st.sampled_from([-1, 1, 4])),
+            draw(st.sampled_from([0, 1, 8, 16, 63, -1])))
+    if kind == 'array':
+        shape = tuple(draw(st.lists(st.integers(0, 6), max_size=3)))
+        descr = draw(st.sampled_from(_DESCRS))
+        return attacks.array(shape, attacks.dtype(descr) + attacks.dtype_state(
+            attacks.NONE, attacks.NONE, attacks.NONE, -1, -1, 0),
+            draw(st.binary(max_size=64)))
+    if kind == 'get':
+        return attacks.get(draw(st.integers(0, 6)))
+    if kind == 'put':
+        return attacks.put(draw(st.integers(0, 6)))
+    if kind == 'encode':
+        return (attacks.glob('_codecs', 'encode') + attacks.text(
+            draw(st.text(max_size=8))) + attacks.text(
+                draw(st.sampled_from(['latin1', 'hex', 'utf-8', 'zlib'])))
+            + attacks.TUPLE2 + attacks.REDUCE)
+    return draw(opcode())
+
+
+@st.composite
+def opcode_streams(draw):
+    head = b'\x80' + bytes([draw(st.integers(0, 6))])
+    body = b''.join(draw(st.lists(fragment(), max_size=40)))
+    return head + body + (b'.' if draw(st.booleans()) else b'')
+
+
+_VALID_PICKLES = _VALID + [
+    pickle.dumps(_cifar_dict(3, p, p % 2 == 0), protocol=p)
+    for p in range(6)] + [
+    pickle.dumps({'s': numpy.int64(3), 'u': numpy.array(['ab'], '>U2')},
+                 protocol=p) for p in (0, 2, 5)]
+
+
+@st.composite
+def mutated_pickles(draw):
+    data = bytearray(draw(st.sampled_from(_VALID_PICKLES)))
+    for _ in range(draw(st.integers(1, 3))):
+        how = draw(st.sampled_from(['truncate', 'flip', 'insert', 'delete',
+                                    'repeat']))
+        i = draw(st.integers(0, len(data)))
+        if how == 'truncate':
+            del data[i:]
+        elif how == 'flip' and data:
+            i = min(i, len(data) - 1)
+            data[i] ^= 1 << draw(st.integers(0, 7))
+        elif how == 'insert':
+            data[i:i] = draw(fragment())
+        elif how == 'delete':
+            del data[i:i + draw(st.integers(1, 16))]
+        else:
+            piece = bytes(data[i:i + draw(st.integers(1, 32))])
+            data[i:i] = piece * draw(st.integers(1, 8))
+    return bytes(data)
+
+
+def assert_plain(obj):
+    """Independent of safe_pickle.check_plain: only plain values, and every
+    array a base-class ndarray of a plain dtype, contiguous, over exactly
+    its own bytes."""
+    seen = set()
+    todo = [obj]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            assert all(type(k) in (str, bytes) for k in node)
+            todo.extend(node.values())
+        elif type(node) in (list, tuple):
+            todo.extend(node)
+        elif type(node) is numpy.ndarray or isinstance(node, numpy.generic):
+            dtype = node.dtype
+            assert dtype.kind in 'biufSU' and not dtype.hasobject
+            assert dtype.fields is None and dtype.subdtype is None
+            if type(node) is numpy.ndarray:
+                assert node.flags.c_contiguous or node.flags.f_contiguous
+                assert node.base is None and node.flags.owndata
+        else:
+            assert type(node) in (str, bytes, int, float, bool, type(None)), \
+                type(node)
+
+
+def loads_within_bounds(data):
+    """safe_pickle.loads(data) returns plain data or raises one specific
+    DatasetFormatError, within SECONDS and the traced-memory bound."""
+    assert len(data) <= 2 ** 20
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        obj = safe_pickle.loads(data)
+    except DatasetFormatError as e:
+        assert_specific(e)
+        obj = None
+    finally:
+        seconds = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert seconds < SECONDS, seconds
+    assert peak < TRACED_PER_BYTE * len(data) + TRACED_FLOOR, peak
+    if obj is not None:
+        assert_plain(obj)
+    return obj
+
+
+@settings(max_examples=examples(1000))
+@given(opcode_streams())
+def test_random_opcode_streams_are_refused_or_plain(data):
+    loads_within_bounds(data)
+
+
+@settings(max_examples=examples(1000))
+@given(mutated_pickles())
+def test_mutated_cifar_pickles_are_refused_or_plain(data):
+    loads_within_bounds(data)
+
+
+@pytest.mark.parametrize('name', ['nones', 'lists', 'marks', 'chain', 'gets',
+                                  'puts'])
+def test_one_mib_worst_cases_stay_within_the_bounds(name):
+    # a 1 MiB file of the cheapest opcodes, each building what costs most
+    # (memory: an empty list or a mark per byte); time is measured by the
+    # nightly profile only (tens of seconds under tracemalloc on 2 cores)
+    n = 2 ** 20 - 8
+    data = b'\x80\x02' + {
+        'nones': b'N' * n, 'lists': b']' * n, 'marks': b'(' * n,
+        'chain': b']' * (n // 2) + b'a' * (n // 2),
+        'gets': b'N' + b'q\x00' + b'h\x00' * (n // 2 - 2),
+        'puts': b'N' + b''.join(b'r' + struct.pack('<I', i)
+                                for i in range(n // 5 - 1)),
+    }[name] + b'.'
+    if settings.default.max_examples < 100000:
+        data = data[:2 ** 16] + b'.'       # the same shape, 64 KiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(DatasetFormatError) as e:
+            safe_pickle.loads(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert_specific(e.value)
+    assert peak < TRACED_PER_BYTE * len(data) + TRACED_FLOOR, peak
