@@ -354,6 +354,8 @@ class _Reader(object):
     def text(self, value):
         """A Python 2 ``str`` as ``pickle`` reads it (genops gives it
         decoded as latin1)."""
+        if self.encoding == 'latin1':   # as genops gives it: no copies
+            return value
         raw = value.encode('latin-1')
         if self.encoding == 'bytes':
             return raw
