@@ -171,9 +171,21 @@ class UnsafePickleError(DatasetFormatError):
 
 
 def _short(value):
-    """``value``'s repr, cut to a length fit for a one-line message."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + '...'
+    """``value`` for a one-line message: the repr of a number, of the start
+    of a text or of a short tuple of these, else its type (never the repr
+    of a container of the file's: a memo fan-out would make it endless)."""
+    kind = type(value)
+    if kind in (str, bytes, bytearray):
+        text = repr(value[:40])
+    elif kind in (int, float, bool, type(None)):
+        text = repr(value)
+    elif kind is tuple and len(value) <= 8 and all(
+            type(v) in (str, bytes, int, float, bool, type(None))
+            for v in value):
+        text = '({})'.format(', '.join(_short(v) for v in value))
+    else:
+        return 'a ' + kind.__name__
+    return text if len(text) <= 60 else text[:57] + '...'
 
 
 def _said(text):
@@ -222,13 +234,16 @@ def _global(module, name):
 def validate(data):
     """Pass 1: raises UnsafePickleError unless every opcode, argument,
     memo index and global of the pickle ``data`` is admitted (module
-    docstring); builds nothing."""
+    docstring); builds nothing. Returns the number of opcodes."""
     if len(data) > MAX_FILE_BYTES:
         raise UnsafePickleError('is {} bytes, larger than a data file of '
                                 'this kind (at most {})'.format(
                                     len(data), MAX_FILE_BYTES))
     count = 0
-    stored = set()          # memo indices stored so far
+    # memo indices stored so far, one bit each: an index is at most the
+    # opcodes so far (pickle numbers them in order), so at most the bytes
+    stored = bytearray(len(data) // 8 + 1)
+    n_stored = 0
     texts = {}              # memo index -> text constant stored there
     # the values the last two stack-changing opcodes pushed, if they were
     # text constants (None: anything else): STACK_GLOBAL's two names
@@ -259,17 +274,21 @@ def validate(data):
                     .format(arg.bit_length(), pos, MAX_INT_BITS))
             last = before = None
         elif kind == _PUT:
-            index = len(stored) if arg is None else arg     # MEMOIZE
-            if not 0 <= index <= count:     # pickle numbers them in order
+            index = n_stored if arg is None else arg     # MEMOIZE
+            if not 0 <= index < count:
                 raise UnsafePickleError('stores memo entry {} at byte {}'
                                         .format(_short(index), pos))
-            stored.add(index)
+            bit = 1 << (index & 7)
+            if not stored[index >> 3] & bit:
+                stored[index >> 3] |= bit
+                n_stored += 1
             if last is not None:
                 texts[index] = last
             else:
                 texts.pop(index, None)
         elif kind == _GET:
-            if arg not in stored:
+            if not (0 <= arg < count
+                    and stored[arg >> 3] & (1 << (arg & 7))):
                 raise DatasetFormatError(
                     'not a readable pickle (fetches memo entry {} at byte {}, '
                     'never stored)'.format(_short(arg), pos))
@@ -291,6 +310,7 @@ def validate(data):
         elif op.name == 'PROTO' and arg > 5:
             raise DatasetFormatError('not a readable pickle (protocol {})'
                                      .format(arg))
+    return count
 
 
 # -- pass 2: a reader that builds only plain values and arrays ----------------
@@ -323,6 +343,22 @@ class _Array(object):
         self.array = None
 
 
+#: a memo slot never stored
+_UNSET = object()
+
+
+def _check_code_points(dtype, raw):
+    """Text (``U``) items hold UCS-4 code points up to U+10FFFF: NumPy
+    fails on others when it makes a ``str`` of them (``SystemError``)."""
+    if dtype.kind == 'U' and len(raw):
+        order = '>' if dtype.byteorder == '>' else '<' if (
+            dtype.byteorder == '<') else '='
+        codes = numpy.frombuffer(raw, order + 'u4')
+        if int(codes.max()) > 0x10FFFF:
+            raise UnsafePickleError('holds {} text with a code point above '
+                                    'U+10FFFF'.format(dtype))
+
+
 def _is_int(value):
     return type(value) is int or type(value) is bool
 
@@ -335,8 +371,9 @@ def _is(value, kind, *options):
 
 class _Reader(object):
 
-    def __init__(self, data, encoding):
+    def __init__(self, data, encoding, count):
         self.data = data
+        self.count = count      # opcodes (validate): memo indices are less
         self.encoding = encoding
         self.budget = payload_bound(len(data))
         self.globals = {key: _Global(role, '{}.{}'.format(*key))
@@ -383,7 +420,10 @@ class _Reader(object):
     def read(self):
         self.stack = []
         self.marks = []
-        self.memo = {}
+        # the memo as a list: indices were checked (< count, each stored
+        # before fetched); 8 bytes an opcode, no dict of int keys
+        self.memo = [_UNSET] * self.count
+        self.memo_len = 0
         ops = self._OPS
         for op, arg, pos in _opcodes(self.data):
             name = op.name
@@ -494,11 +534,16 @@ class _Reader(object):
         self.set_items(target, items, pos)
 
     def put(self, arg, pos):
-        memo = self.memo
-        memo[len(memo) if arg is None else arg] = self.stack[-1]
+        value = self.stack[-1]
+        index = self.memo_len if arg is None else arg
+        if self.memo[index] is _UNSET:
+            self.memo_len += 1
+        self.memo[index] = value
 
     def get(self, arg, pos):
         value = self.memo[arg]
+        if value is _UNSET:
+            raise KeyError(arg)
         if type(value) is _Array and value.array is not None:
             value = value.array
         self.stack.append(value)
@@ -609,11 +654,8 @@ class _Reader(object):
             self.spend(len(raw), 'a scalar')
             if not dtype.itemsize:      # b'' and '' as NumPy scalars
                 return dtype.type()
-            try:
-                return numpy.frombuffer(raw, dtype, 1)[0]
-            except (ValueError, UnicodeError) as e:   # e.g. no code point
-                raise DatasetFormatError('holds a {} scalar NumPy cannot read'
-                                         .format(dtype)) from e
+            _check_code_points(dtype, raw)
+            return numpy.frombuffer(raw, dtype, 1)[0]
         if role == '_frombuffer':
             if (len(args) != 4 or type(args[1]) is not _Dtype
                     or not _is(args[3], str, 'C', 'F')):
@@ -742,6 +784,7 @@ class _Reader(object):
                     '' if nbytes <= MAX_ARRAY_BYTES else
                     ' (more than {})'.format(MAX_ARRAY_BYTES)))
         self.spend(nbytes, 'an array')
+        _check_code_points(dtype, raw)
         order = 'F' if fortran else 'C'
         if native and not dtype.isnative:
             array = numpy.empty(shape, dtype.newbyteorder('='), order)
@@ -908,8 +951,8 @@ def loads(data, encoding='latin1'):
         except TypeError as e:
             raise DatasetFormatError('not a pickle: a {}, expected bytes'
                                      .format(type(data).__name__)) from e
-    validate(data)
-    obj = _Reader(data, encoding).read()
+    count = validate(data)
+    obj = _Reader(data, encoding, count).read()
     check_plain(obj, payload_bound(len(data)))
     return obj
 

@@ -72,10 +72,10 @@ def dtype(descr):
         TUPLE3 + REDUCE
 
 
-def dtype_state(subarray, names, fields, size, align, flags):
-    """A BUILD state of a dtype: (3, '|', subarray, names, fields, size,
+def dtype_state(subarray, names, fields, size, align, flags, order='|'):
+    """A BUILD state of a dtype: (3, order, subarray, names, fields, size,
     alignment, flags), each argument already pickled."""
-    return (MARK + integer(3) + text('|') + subarray + names + fields +
+    return (MARK + integer(3) + text(order) + subarray + names + fields +
             integer(size) + integer(align) + integer(flags) + TUPLE + BUILD)
 
 
@@ -251,3 +251,31 @@ def test_memo_fanout_is_refused_in_linear_time():
     assert len(payload) < 220
     refused(payload, 'more than 1000000 objects', seconds=2,
             max_bytes=2 ** 20)
+
+
+def test_a_memo_fanout_where_a_shape_belongs_is_named_not_printed():
+    # not a hole of the old reader (NumPy refused the shape): the new
+    # reader's own messages must not print the file's containers, which a
+    # fan-out makes 2**30 deep in elements
+    shape = NONE + put(0) + b''.join(get(i) + TUPLE2 + put(i + 1)
+                                     for i in range(30))
+    payload = batch(
+        glob('numpy.core.multiarray', '_reconstruct') +
+        glob('numpy', 'ndarray') + integer(0) + TUPLE1 + raw_bytes(b'b') +
+        TUPLE3 + REDUCE + MARK + integer(1) + shape + dtype('u1') +
+        dtype_state(NONE, NONE, NONE, -1, -1, 0) + NEWFALSE +
+        raw_bytes(b'') + TUPLE + BUILD)
+    refused(payload, 'shape a tuple, expected a tuple of sizes', seconds=2)
+
+
+@pytest.mark.parametrize('what', ['scalar', 'array'])
+def test_text_beyond_unicode_is_refused(what):
+    # found by the nightly profile: NumPy raises SystemError making a str
+    # of a code point above U+10FFFF (the old reader: the same on access)
+    u1 = dtype('U1') + dtype_state(NONE, NONE, NONE, 4, 4, 8, order='<')
+    if what == 'scalar':
+        payload = batch(glob('numpy.core.multiarray', 'scalar') + u1 +
+                        raw_bytes(b'\xff\xff\xff\xff') + TUPLE2 + REDUCE)
+    else:
+        payload = batch(array((2,), u1, b'A\0\0\0\xff\xff\xff\xff'))
+    refused(payload, 'code point above U.10FFFF')
