@@ -31,6 +31,7 @@ except ImportError:
     collect_ignore_glob = ['*_properties.py', '*/*_properties.py',
                            'experiment/test_cli_bad_input.py',
                            'datasets/test_safe_pickle.py',
+                           'datasets/test_safe_pickle_attacks.py',
                            'datasets/test_voc_annotation.py']
 if settings is not None:
     _SHARED = dict(deadline=None, print_blob=True,
