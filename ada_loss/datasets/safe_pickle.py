@@ -66,7 +66,7 @@ base-class ndarray of a plain dtype owning exactly its bytes; no codec but
 never called; a memo fan-out is counted, not walked.
 
 Cost: linear in the file. The worst 1 MiB files (one-byte opcodes each
-building an empty list, a mark or a nesting level) take about 5 s and
+building an empty list, a mark or a nesting level) take up to 6 s and
 64 MiB (traced) on the shared 2-core development machine. A CIFAR-10
 batch as Python 2 wrote it (31 MB) reads in 0.3 s with a traced peak of 3x
 its size beyond the file itself (``genops``' copy of the pixels as text,
@@ -234,7 +234,8 @@ def _global(module, name):
 def validate(data):
     """Pass 1: raises UnsafePickleError unless every opcode, argument,
     memo index and global of the pickle ``data`` is admitted (module
-    docstring); builds nothing. Returns the number of opcodes."""
+    docstring); builds nothing. Returns one more than the largest memo
+    index stored (the memo's size)."""
     if len(data) > MAX_FILE_BYTES:
         raise UnsafePickleError('is {} bytes, larger than a data file of '
                                 'this kind (at most {})'.format(
@@ -244,6 +245,7 @@ def validate(data):
     # opcodes so far (pickle numbers them in order), so at most the bytes
     stored = bytearray(len(data) // 8 + 1)
     n_stored = 0
+    memo_size = 0
     texts = {}              # memo index -> text constant stored there
     # the values the last two stack-changing opcodes pushed, if they were
     # text constants (None: anything else): STACK_GLOBAL's two names
@@ -282,6 +284,7 @@ def validate(data):
             if not stored[index >> 3] & bit:
                 stored[index >> 3] |= bit
                 n_stored += 1
+                memo_size = max(memo_size, index + 1)
             if last is not None:
                 texts[index] = last
             else:
@@ -310,7 +313,7 @@ def validate(data):
         elif op.name == 'PROTO' and arg > 5:
             raise DatasetFormatError('not a readable pickle (protocol {})'
                                      .format(arg))
-    return count
+    return memo_size
 
 
 # -- pass 2: a reader that builds only plain values and arrays ----------------
@@ -371,9 +374,9 @@ def _is(value, kind, *options):
 
 class _Reader(object):
 
-    def __init__(self, data, encoding, count):
+    def __init__(self, data, encoding, memo_size):
         self.data = data
-        self.count = count      # opcodes (validate): memo indices are less
+        self.memo_size = memo_size      # validate(): every index is less
         self.encoding = encoding
         self.budget = payload_bound(len(data))
         self.globals = {key: _Global(role, '{}.{}'.format(*key))
@@ -420,9 +423,9 @@ class _Reader(object):
     def read(self):
         self.stack = []
         self.marks = []
-        # the memo as a list: indices were checked (< count, each stored
-        # before fetched); 8 bytes an opcode, no dict of int keys
-        self.memo = [_UNSET] * self.count
+        # the memo as a list: its indices were checked (each stored before
+        # fetched, less than memo_size); no dict of int keys
+        self.memo = [_UNSET] * self.memo_size
         self.memo_len = 0
         ops = self._OPS
         for op, arg, pos in _opcodes(self.data):
@@ -951,8 +954,8 @@ def loads(data, encoding='latin1'):
         except TypeError as e:
             raise DatasetFormatError('not a pickle: a {}, expected bytes'
                                      .format(type(data).__name__)) from e
-    count = validate(data)
-    obj = _Reader(data, encoding, count).read()
+    memo_size = validate(data)
+    obj = _Reader(data, encoding, memo_size).read()
     check_plain(obj, payload_bound(len(data)))
     return obj
 

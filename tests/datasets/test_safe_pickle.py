@@ -316,7 +316,7 @@ def test_the_bounds_fit_cifar100s_largest_file(layout):
 # -- hostile opcode streams: refused or plain, in bounded time and memory -----
 #: per example: seconds, and traced bytes per byte of input plus a floor
 SECONDS = 2.0
-TRACED_PER_BYTE, TRACED_FLOOR = 64, 4 * 2 ** 20
+TRACED_PER_BYTE, TRACED_FLOOR = 80, 4 * 2 ** 20
 
 _NAMES = [('numpy.core.multiarray', '_reconstruct'), ('numpy', 'ndarray'),
           ('numpy', 'dtype'), ('numpy._core.multiarray', 'scalar'),
