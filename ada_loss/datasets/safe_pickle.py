@@ -66,8 +66,8 @@ base-class ndarray of a plain dtype owning exactly its bytes; no codec but
 never called; a memo fan-out is counted, not walked.
 
 Cost: linear in the file. The worst 1 MiB files (one-byte opcodes each
-building an empty list, a mark or a nesting level) take up to 6 s and
-64 MiB (traced) on the shared 2-core development machine. A CIFAR-10
+building an empty dict or list, a mark, a nesting level) take up to 10 s
+and 72 MiB (traced) on the shared 2-core development machine (load ~10). A CIFAR-10
 batch as Python 2 wrote it (31 MB) reads in 0.3 s with a traced peak of 3x
 its size beyond the file itself (``genops``' copy of the pixels as text,
 their bytes, the array's own copy; ``pickle.loads``: 2x in 0.02 s).

@@ -315,6 +315,7 @@ def test_the_bounds_fit_cifar100s_largest_file(layout):
 
 # -- hostile opcode streams: refused or plain, in bounded time and memory -----
 #: per example: seconds, and traced bytes per byte of input plus a floor
+#: (the worst file, an empty dict per byte, takes 72)
 SECONDS = 2.0
 TRACED_PER_BYTE, TRACED_FLOOR = 80, 4 * 2 ** 20
 
@@ -528,16 +529,18 @@ def test_mutated_cifar_pickles_are_refused_or_plain(data):
     loads_within_bounds(data)
 
 
-@pytest.mark.parametrize('name', ['nones', 'lists', 'marks', 'chain', 'gets',
-                                  'puts', 'memoize'])
+@pytest.mark.parametrize('name', ['nones', 'lists', 'dicts', 'marks', 'chain',
+                                  'gets', 'puts', 'memoize'])
 def test_one_mib_worst_cases_stay_within_the_bounds(name):
     # a 1 MiB file of the cheapest opcodes, each building what costs most
-    # (memory: an empty list, a mark or a memo entry per byte); the full
+    # (memory: an empty list or dict, a mark or a memo entry per byte; the
+    # most, 72 bytes a byte, is the dicts'); the full
     # size under the nightly profile only (tens of seconds under
     # tracemalloc on the shared 2 cores), 64 KiB under ci
     n = 2 ** 20 - 8
     data = b'\x80\x02' + {
-        'nones': b'N' * n, 'lists': b']' * n, 'marks': b'(' * n,
+        'nones': b'N' * n, 'lists': b']' * n, 'dicts': b'}' * n,
+        'marks': b'(' * n,
         'chain': b']' * (n // 2) + b'a' * (n // 2),
         'gets': b'N' + b'q\x00' + b'h\x00' * (n // 2 - 2),
         'puts': b'N' + b''.join(b'r' + struct.pack('<I', i)
