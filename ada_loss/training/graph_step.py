@@ -1,0 +1,333 @@
+"""The training step of :class:`MixedPrecisionUpdater` with no host read
+inside it: the form a CUDA graph can capture and replay
+(:mod:`ada_loss.training.cuda_graph`; issue 46 item 1).
+
+The eager step reads the finite check on the host and branches: update or
+skip. Here the step is split in two:
+
+* :meth:`CapturableStep.run` -- forward, the mode's backward, the finite
+  check as a 0-d bool array (``finite``), the optimizer's update applied
+  and then *selected* by it (``where(finite, updated, before)`` into the
+  same buffers: a skipped step leaves the master weights, momentum and
+  every optimizer state bit for bit as the eager skip does), the dynamic
+  loss scale advanced on arrays (:mod:`ada_loss.loss_scale.dynamic_arrays`)
+  and the skipped-step count accumulated in an array. Nothing here reads
+  a device value on the host; host counters it would advance (the
+  optimizer's and update rules' ``t``, the adaptive pass count) are put
+  back as they were, so that a replay, which runs no Python, and an eager
+  run leave the host in the same state.
+* :meth:`CapturableStep.settle` -- between steps: one read of the step's
+  status (the flag), then the host bookkeeping the eager step does --
+  counters, the skip's location (:mod:`ada_loss.training.skips`, only after
+  a step that skipped), the host mirror of the loss scale, the guard's
+  backoff, the error of a mode that cannot recover, the epoch, the report
+  -- through :meth:`MixedPrecisionUpdater.finish_step` itself.
+
+Every buffer the step writes for the next step (parameters, FP32 master
+copies, optimizer states, the dynamic scale, the adaptive mode's cached β
+and α_{N+1} on a device) stays the same array object from step to step
+(written in place), the condition for a replayed graph to read what the
+previous replay wrote.
+
+Modes: ``fp32``/``none``, ``fixed`` and ``dynamic`` (every style) are
+decided wholly on arrays. ``adaptive`` runs its own backward (no host read
+on a device since round 4); its host state (pass count, backoff after a
+skipped step, clean-step window) is advanced in :meth:`settle` from the
+flag, so a graph of it is keyed by that state
+(:meth:`CapturableStep.graph_key`). ``amax`` keeps its amax histories as
+host floats (a read per GEMM): it runs here, equal to eager, but cannot be
+captured (:data:`CAPTURE_REFUSED`).
+"""
+import numpy
+from chainer import backend
+
+from ada_loss.loss_scale.dynamic_arrays import ArrayDynamicScale
+from ada_loss.scaling.methods import (
+    AdaptiveScaling, AmaxScaling, DynamicScaling, _scaled_backward)
+from ada_loss.training.updater import (
+    _format_params, _finite_flag, call_loss)
+
+#: why a mode's step cannot be captured (the capture wrapper runs it eager)
+CAPTURE_REFUSED = {
+    AmaxScaling: 'amax keeps its amax histories as host floats (one '
+                 'read per GEMM per step)',
+}
+
+
+def finite_flag(model, fmt=None):
+    """:func:`ada_loss.training.updater.all_grads_finite` as a 0-d bool
+    array of the gradients' array module, with no host read (True when no
+    parameter has a gradient)."""
+    in_format = _format_params(model) if fmt is not None and \
+        fmt.saturates else None
+    params = [p for p in model.params() if p.grad is not None]
+    if not params:
+        return numpy.array(True)
+    xp = backend.get_array_module(params[0].grad)
+    with numpy.errstate(invalid='ignore'):
+        return xp.stack([_finite_flag(xp, p, fmt, in_format)
+                         for p in params]).all()
+
+
+class _Slot(object):
+    """One array the update writes, reached through ``get``/``set``."""
+
+    __slots__ = ('get', 'set', 'buffer', 'before')
+
+    def __init__(self, get, set_):
+        self.get, self.set = get, set_
+        self.buffer = get()
+        self.before = None
+
+
+def _attr_slot(obj, name):
+    return _Slot(lambda: getattr(obj, name),
+                 lambda a: setattr(obj, name, a))
+
+
+def _item_slot(d, key):
+    return _Slot(lambda: d[key], lambda a: d.__setitem__(key, a))
+
+
+class GatedUpdate(object):
+    """``optimizer.update()`` applied, then kept only where ``finite``.
+
+    The arrays it may write -- each parameter, its FP32 master copy
+    (``use_fp32_update``) and its update rule's state -- are snapshotted,
+    the update runs (with non-finite gradients it computes Inf/NaN, which
+    are discarded), and ``where(finite, updated, snapshot)`` is written back
+    into the buffers the step started with (Chainer rebinds a float16
+    parameter to a new array at each FP32 update: it is bound back).
+
+    Update rules whose state does not exist yet (their first update) are
+    remembered by :meth:`run`; :meth:`undo_lazy_init` drops the state such
+    an update created when the step turned out skipped (as if never run).
+
+    Gradients that an update rule would divide in place (a parameter that
+    is not converted to FP32 first) are given a copy, so that the skip's
+    location, looked up after the step, reads the gradients as the backward
+    left them.
+    """
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self._fresh = []
+
+    def _slots(self):
+        slots = []
+        for _, param in sorted(self.optimizer.target.namedparams()):
+            rule = param.update_rule
+            if rule is None or not rule.enabled or param.array is None:
+                continue
+            slots.append(_attr_slot(param, 'array'))
+            master = getattr(rule, '_fp32_param', None)
+            if master is not None and master.array is not None:
+                slots.append(_attr_slot(master, 'array'))
+            for key in sorted(rule.state or {}):
+                if isinstance(rule.state[key], (numpy.ndarray,)) or hasattr(
+                        rule.state[key], 'device'):
+                    slots.append(_item_slot(rule.state, key))
+        return slots
+
+    def run(self, finite):
+        optimizer = self.optimizer
+        params = [p for p in optimizer.target.params()
+                  if p.update_rule is not None and p.array is not None]
+        self._fresh = []
+        for p in params:
+            rule = p.update_rule
+            converted = rule._use_fp32_update and p.dtype == numpy.float16
+            if rule.state is None or (converted and
+                                      rule._fp32_param is None):
+                self._fresh.append(rule)
+            if p.grad is not None and not converted:
+                p.grad = p.grad.copy()
+        slots = self._slots()
+        for s in slots:
+            s.before = s.buffer.copy()
+        with numpy.errstate(over='ignore', invalid='ignore'):
+            optimizer.update()
+        xp = backend.get_array_module(finite)
+        keep = ~finite
+        for s in slots:
+            new = s.get()
+            if new is not s.buffer:
+                xp.copyto(s.buffer, new)
+                s.set(s.buffer)
+            xp.copyto(s.buffer, s.before, where=keep)
+            s.before = None
+
+    def undo_lazy_init(self):
+        """After a skipped step: the state that the step's update created
+        for a parameter's first update is dropped (the eager skip never
+        created it)."""
+        for rule in self._fresh:
+            rule._state = None
+            if hasattr(rule, '_fp32_param'):
+                rule._fp32_param = None
+        self._fresh = []
+
+
+class CapturableStep(object):
+    """The step of a :class:`MixedPrecisionUpdater` in two parts,
+    :meth:`run` (no host read) and :meth:`settle` (between steps); equal bit
+    for bit to the updater's eager step (``tests/training/
+    test_graph_step.py``). Installed with ``updater.step_runner = step``.
+
+    Args:
+        updater (MixedPrecisionUpdater): the updater (not a distributed
+            one: its finite check is an all-reduce of its own).
+    """
+
+    def __init__(self, updater):
+        from ada_loss.training.updater import MixedPrecisionUpdater
+        if type(updater).grads_finite is not \
+                MixedPrecisionUpdater.grads_finite:
+            raise ValueError('CapturableStep: {} decides the finite check '
+                             'itself (distributed); expected a '
+                             'MixedPrecisionUpdater'.format(
+                                 type(updater).__name__))
+        optimizer = updater.get_optimizer('main')
+        hookable = getattr(optimizer, '_hookable', None)
+        hooks = [] if hookable is None else list(
+            hookable._pre_update_hooks) + list(hookable._post_update_hooks)
+        if hooks:
+            raise ValueError(
+                'CapturableStep: optimizer-level hook(s) {} read the loss '
+                'scale on the host; register them per parameter instead '
+                '(ada_loss.training.hooks.add_weight_decay)'.format(
+                    ', '.join(hooks)))
+        self.updater = updater
+        self.scaling = updater.loss_scaling
+        self.gated = GatedUpdate(updater.get_optimizer('main'))
+        self.xp = None
+        self.dynamic = None
+        self.flag = None
+        self.skipped = None
+        self.loss = None
+
+    # -- arrays ----------------------------------------------------------
+    def _arrays(self, xp):
+        """The step's own state as arrays of ``xp``, made once."""
+        if self.xp is xp:
+            return
+        self.xp = xp
+        self.flag = xp.ones((), dtype=bool)
+        self.skipped = xp.zeros((), dtype=numpy.int64)
+        self.skipped[...] = self.updater.skipped_steps
+        if isinstance(self.scaling, DynamicScaling):
+            self.dynamic = ArrayDynamicScale(self.scaling.state, xp)
+
+    def reload(self):
+        """Host state -> arrays, after the updater was deserialized (a
+        resume): the loss scale and the skip count."""
+        if self.xp is not None:
+            self.skipped[...] = self.updater.skipped_steps
+            if self.dynamic is not None:
+                self.dynamic.load()
+
+    def graph_key(self):
+        """The host state a captured step depends on, beside the batch's
+        shapes: the adaptive mode's update-interval phase and backoff. Two
+        steps with the same key run the same kernels on the same buffers."""
+        ada = getattr(self.scaling, 'ada', None)
+        if ada is None:
+            return ()
+        phase = ada.iteration % ada.update_interval
+        return (phase, tuple(sorted((str(k), v)
+                                    for k, v in ada._backoff.items())))
+
+    # -- the step --------------------------------------------------------
+    def update(self):
+        """One step, as ``MixedPrecisionUpdater.update_core``."""
+        updater = self.updater
+        batch = updater._iterators['main'].next()
+        self.run(updater.converter(batch, updater.input_device))
+        self.settle()
+
+    def _host_counters(self):
+        optimizer = self.updater.get_optimizer('main')
+        rules = [p.update_rule for p in optimizer.target.params()
+                 if p.update_rule is not None]
+        ada = getattr(self.scaling, 'ada', None)
+        return (optimizer.t, [r.t for r in rules],
+                None if ada is None else ada.iteration)
+
+    def _restore_counters(self, counters):
+        optimizer = self.updater.get_optimizer('main')
+        t, rule_ts, iteration = counters
+        optimizer.t = t
+        rules = [p.update_rule for p in optimizer.target.params()
+                 if p.update_rule is not None]
+        for r, rt in zip(rules, rule_ts):
+            r.t = rt
+        if iteration is not None:
+            self.scaling.ada.iteration = iteration
+
+    def run(self, in_arrays):
+        """Forward, backward, finite flag, gated update, loss-scale update,
+        skip count: device work only (capturable)."""
+        updater = self.updater
+        optimizer = updater.get_optimizer('main')
+        model = optimizer.target
+        loss_func = updater.loss_func or model
+        counters = self._host_counters()
+        model.cleargrads()
+        loss = call_loss(loss_func, in_arrays)
+        xp = backend.get_array_module(loss.array)
+        self._arrays(xp)
+        if self.dynamic is not None:
+            # the scale as the eager step's Python float enters: rounded
+            # once to the loss's dtype, and to each gradient's for the
+            # update rule's division
+            with _scaled_backward():
+                loss.backward(loss_scale=self.dynamic.scale.astype(
+                    loss.dtype))
+            self._divide_by(model, self.dynamic.scale)
+        else:
+            self.scaling.backward(loss)
+        finite = finite_flag(model, self.scaling.fmt)
+        self.gated.run(finite)
+        self._restore_counters(counters)
+        if self.dynamic is not None:
+            self.dynamic.update(finite)
+        self.skipped += ~finite
+        self.flag[...] = finite
+        self.loss = loss
+
+    @staticmethod
+    def _divide_by(model, scale):
+        casts = {}
+        for p in model.params():
+            if p.grad is None or p.update_rule is None:
+                continue
+            rule = p.update_rule
+            dtype = numpy.dtype(numpy.float32) if (
+                rule._use_fp32_update and p.dtype == numpy.float16) \
+                else p.grad.dtype
+            if dtype not in casts:
+                casts[dtype] = scale.astype(dtype)
+            p._loss_scale = casts[dtype]
+
+    def settle(self):
+        """Between steps: reads the flag (the one host read), advances the
+        host counters the step put back, and finishes the step as the eager
+        updater does (skip record, loss-scale host state, backoff, epoch,
+        report)."""
+        updater = self.updater
+        optimizer = updater.get_optimizer('main')
+        finite = bool(self.flag)
+        ada = getattr(self.scaling, 'ada', None)
+        if ada is not None:
+            ada.iteration += 1
+        if finite:
+            optimizer.t += 1
+            for p in optimizer.target.params():
+                if p.update_rule is not None and p.update_rule.enabled:
+                    p.update_rule.t += 1
+            where = None
+        else:
+            self.gated.undo_lazy_init()
+            where = updater.locate_nonfinite(optimizer.target, self.loss)
+        self.loss = None
+        updater.finish_step(finite, lambda: None, where=where)

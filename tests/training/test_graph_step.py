@@ -1,0 +1,272 @@
+"""The capturable step (:mod:`ada_loss.training.graph_step`) equals the
+eager step of :class:`MixedPrecisionUpdater` bit for bit, on NumPy.
+
+Each mode runs 60 steps of a tiny MLP in mixed16 (FP16 parameters, FP32
+masters, MomentumSGD with weight decay) eagerly and through
+:class:`CapturableStep`, from the same weights and batches; both are
+killed at step 30 (the updater serialized, loaded into a fresh model,
+optimizer and updater) and go on. Batches 7, 8 and 41 carry an injected
+overflow: a node between the two layers whose backward multiplies the
+gradient by Inf (a genuine gradient overflow: the loss stays finite, so the
+adaptive guard backs the layer off). After every step the parameters, the
+FP32 masters, every optimizer state, the updater's snapshot (loss-scale
+state, counters, skip report) and the reported loss scale are compared bit
+for bit.
+"""
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy as np
+import pytest
+from chainer import serializers
+
+from ada_loss.errors import NonFiniteGradientError
+from ada_loss.scaling import make_loss_scaling
+from ada_loss.training import Classifier, MixedPrecisionUpdater
+from ada_loss.training.graph_step import CapturableStep, finite_flag
+from ada_loss.training.hooks import add_weight_decay
+from ada_loss.training.precision_setup import setup_optimizer
+
+PRECISION = 'mixed16'
+STEPS, KILL, BATCH = 60, 30, 8
+BAD = (7, 8, 41)                 # batches whose backward overflows
+SENTINEL = 1234.0                # x[0, 0] of a bad batch
+
+
+class Blowup(chainer.FunctionNode):
+    """Identity; its backward multiplies by Inf when the batch is marked
+    (the injected overflow)."""
+
+    def forward(self, inputs):
+        h, x = inputs
+        self.bad = bool(x[0, 0] == SENTINEL)
+        return h,
+
+    def backward(self, indexes, grad_outputs):
+        gy, = grad_outputs
+        if self.bad:
+            gy = gy * gy.array.dtype.type(np.inf)
+        return gy, None
+
+
+class MLP(chainer.Chain):
+    def __init__(self):
+        super(MLP, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(6, 16)
+            self.l2 = L.Linear(16, 3)
+
+    def forward(self, x):
+        h = Blowup().apply((self.l1(x), x))[0]
+        return self.l2(F.relu(h))
+
+
+def _data():
+    rng = np.random.RandomState(0)
+    data = []
+    for i in range(STEPS):
+        x = rng.randn(BATCH, 6).astype(np.float32)
+        if i in BAD:
+            x[0, 0] = SENTINEL
+        t = rng.randint(3, size=BATCH).astype(np.int32)
+        data.extend(zip(x.astype(np.float16), t))
+    return data
+
+
+def _updater(mode, graph, weights=None):
+    np.random.seed(0)
+    with chainer.using_config('dtype', chainer.mixed16):
+        model = Classifier(MLP(), PRECISION)
+    if weights is not None:
+        for (_, p), w in zip(sorted(model.namedparams()), weights):
+            p.array[...] = w
+    it = chainer.iterators.SerialIterator(_data(), BATCH, shuffle=False)
+    opt = setup_optimizer(chainer.optimizers.MomentumSGD(lr=0.05), model,
+                          PRECISION)
+    add_weight_decay(model, 1e-4)
+    updater = MixedPrecisionUpdater(
+        it, opt, make_loss_scaling(mode, PRECISION), mode=mode)
+    if graph:
+        updater.step_runner = CapturableStep(updater)
+    return updater
+
+
+def _snapshot(updater):
+    d = {}
+    updater.serialize(serializers.DictionarySerializer(d))
+    return d
+
+
+def _state(updater):
+    """Every array and value the next step depends on."""
+    opt = updater.get_optimizer('main')
+    out = {'snapshot': _snapshot(updater),
+           'scale': updater.loss_scaling.scale,
+           'skipped': updater.skipped_steps,
+           'last_skip': updater.last_skip,
+           'by_layer': dict(updater.skipped_by_layer)}
+    for name, p in sorted(opt.target.namedparams()):
+        out[name] = p.array
+        master = getattr(p.update_rule, '_fp32_param', None)
+        out[name + '@fp32'] = None if master is None else master.array
+        out[name + '@t'] = p.update_rule.t
+    ada = getattr(updater.loss_scaling, 'ada', None)
+    if ada is not None:
+        out['backoff'] = ada.backoff()
+        out['iteration'] = ada.iteration
+    return out
+
+
+def _bits(v):
+    if isinstance(v, np.ndarray) and v.dtype.kind == 'f':
+        return v.dtype.str, v.shape, v.tobytes()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, float):
+        return np.float64(v).tobytes()
+    if isinstance(v, dict):
+        return {k: _bits(x) for k, x in v.items()}
+    if isinstance(v, tuple):
+        return tuple(_bits(x) for x in v)
+    return v
+
+
+def _resumed(updater, mode, graph):
+    """The updater serialized and loaded into a fresh one (a kill)."""
+    d = _snapshot(updater)
+    fresh = _updater(mode, graph)
+    fresh.serialize(serializers.NpzDeserializer(_as_npz(d)))
+    return fresh
+
+
+def _as_npz(d):
+    import io
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in d.items()})
+    buf.seek(0)
+    return np.load(buf)
+
+
+MODES = [
+    'fixed:16', 'none',
+    'dynamic:init_scale=65536,growth_interval=5',
+    'dynamic:style=chainer,interval=3,init_scale=8192',
+    'dynamic:style=tf,init_scale=65536,incr_every_n_steps=4,'
+    'decr_every_n_nan_or_inf=1',
+    'adaptive', 'adaptive:update_interval=3,backoff_window=5',
+    'adaptive:init_scale=auto,update_interval=2', 'adaptive:guard=false',
+    'amax:history=4',
+]
+
+
+def _recovers(mode):
+    return not mode.startswith(('fixed', 'none'))
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_capturable_step_equals_eager_bit_for_bit(mode):
+    eager, graph = _updater(mode, False), _updater(mode, True)
+    assert _bits(_state(eager)) == _bits(_state(graph))
+    skipped = 0
+    scales = {eager.loss_scaling.scale}
+    backed_off = False
+    for step in range(STEPS):
+        if step == KILL:
+            assert _bits(_snapshot(eager)) == _bits(_snapshot(graph))
+            eager = _resumed(eager, mode, False)
+            graph = _resumed(graph, mode, True)
+        if not _recovers(mode) and step in BAD:
+            with pytest.raises(NonFiniteGradientError):
+                eager.update()
+            with pytest.raises(NonFiniteGradientError):
+                graph.update()
+            # the skip is in the counters of neither; go past the batch
+            assert _bits(_state(eager)) == _bits(_state(graph))
+            eager.iteration += 1
+            graph.iteration += 1
+            continue
+        eager.update()
+        graph.update()
+        a, b = _state(eager), _state(graph)
+        assert _bits(a) == _bits(b), (mode, step)
+        skipped = a['skipped']
+        scales.add(a['scale'])
+        backed_off |= bool(a.get('backoff'))
+    if _recovers(mode):
+        assert skipped >= len(BAD)
+    if mode.startswith('dynamic'):
+        assert len(scales) > 2          # backed off and grew
+    if mode.startswith(('adaptive', 'amax')) and 'guard=false' not in mode:
+        assert backed_off
+
+
+def test_skipped_step_leaves_optimizer_state_untouched():
+    """A skipped step in the middle of training: parameters, FP32 masters
+    and momentum are those of before it, bit for bit."""
+    updater = _updater('adaptive', True)
+    for _ in range(BAD[0]):
+        updater.update()
+    opt = updater.get_optimizer('main')
+    before = {n: (p.array.copy(), p.update_rule._fp32_param.array.copy(),
+                  p.update_rule.state['v'].copy())
+              for n, p in opt.target.namedparams()}
+    updater.update()
+    assert updater.skipped_steps == 1
+    for n, p in opt.target.namedparams():
+        w, m, v = before[n]
+        assert p.array.tobytes() == w.tobytes()
+        assert p.update_rule._fp32_param.array.tobytes() == m.tobytes()
+        assert p.update_rule.state['v'].tobytes() == v.tobytes()
+
+
+def test_run_reads_nothing_on_the_host():
+    """:meth:`CapturableStep.run` never converts the flag or the dynamic
+    scale to a Python value: they stay arrays, and the host counters the
+    step would advance are left for :meth:`settle`."""
+    updater = _updater('dynamic:init_scale=65536,growth_interval=5', True)
+    step = updater.step_runner
+    batch = updater._iterators['main'].next()
+    opt = updater.get_optimizer('main')
+    t = opt.t
+    step.run(updater.converter(batch, updater.input_device))
+    assert isinstance(step.flag, np.ndarray) and step.flag.shape == ()
+    assert isinstance(step.dynamic.scale, np.ndarray)
+    assert opt.t == t and updater.skipped_steps == 0
+    step.settle()
+    assert opt.t == t + 1
+
+
+def test_finite_flag_is_an_array_and_sees_saturation():
+    from ada_loss.formats import get_format
+    model = MLP()
+    for p in model.params():
+        p.grad = np.ones_like(p.array)
+    flag = finite_flag(model)
+    assert flag.shape == () and bool(flag)
+    model.l1.W.grad[0, 0] = 28.0       # FP6 E3M2's u_max: saturated
+    assert bool(finite_flag(model))
+    assert not bool(finite_flag(model, get_format('fp6_e3m2')))
+    model.l1.W.grad[0, 0] = np.inf
+    assert not bool(finite_flag(model))
+
+
+def test_distributed_updater_is_refused():
+    from ada_loss.training.updater import MixedPrecisionUpdater as M
+
+    class Other(M):
+        def grads_finite(self, model):
+            return True
+    updater = _updater('fixed:16', False)
+    updater.__class__ = Other
+    with pytest.raises(ValueError, match='decides the finite check'):
+        CapturableStep(updater)
+
+
+def test_optimizer_level_hooks_are_refused():
+    """Chainer's optimizer hooks run on the host with the loss scale as a
+    host number (``WeightDecay`` multiplies its rate by it)."""
+    updater = _updater('dynamic', False)
+    updater.get_optimizer('main').add_hook(
+        chainer.optimizer_hooks.WeightDecay(1e-4))
+    with pytest.raises(ValueError, match='optimizer-level hook'):
+        CapturableStep(updater)
