@@ -129,6 +129,19 @@ class GatedUpdate(object):
                     slots.append(_item_slot(rule.state, key))
         return slots
 
+    def states_exist(self):
+        """Whether every update rule has its state (and FP32 master): the
+        condition for a capture, whose update may create nothing."""
+        for p in self.optimizer.target.params():
+            rule = p.update_rule
+            if rule is None or not rule.enabled or p.array is None:
+                continue
+            if rule.state is None or (
+                    rule._use_fp32_update and p.dtype == numpy.float16
+                    and rule._fp32_param is None):
+                return False
+        return True
+
     def run(self, finite):
         optimizer = self.optimizer
         params = [p for p in optimizer.target.params()
@@ -145,17 +158,22 @@ class GatedUpdate(object):
         slots = self._slots()
         for s in slots:
             s.before = s.buffer.copy()
-        with numpy.errstate(over='ignore', invalid='ignore'):
-            optimizer.update()
         xp = backend.get_array_module(finite)
         keep = ~finite
-        for s in slots:
-            new = s.get()
-            if new is not s.buffer:
-                xp.copyto(s.buffer, new)
-                s.set(s.buffer)
-            xp.copyto(s.buffer, s.before, where=keep)
-            s.before = None
+        try:
+            with numpy.errstate(over='ignore', invalid='ignore'):
+                optimizer.update()
+            for s in slots:
+                new = s.get()
+                if new is not s.buffer:
+                    xp.copyto(s.buffer, new)
+                    s.set(s.buffer)
+                xp.copyto(s.buffer, s.before, where=keep)
+        finally:
+            for s in slots:     # (an update that raised: nothing rebound)
+                if s.get() is not s.buffer:
+                    s.set(s.buffer)
+                s.before = None
 
     def undo_lazy_init(self):
         """After a skipped step: the state that the step's update created
@@ -205,6 +223,7 @@ class CapturableStep(object):
         self.flag = None
         self.skipped = None
         self.loss = None
+        self._adaptive_slots = {}
 
     # -- arrays ----------------------------------------------------------
     def _arrays(self, xp):
@@ -272,28 +291,57 @@ class CapturableStep(object):
         model = optimizer.target
         loss_func = updater.loss_func or model
         counters = self._host_counters()
-        model.cleargrads()
-        loss = call_loss(loss_func, in_arrays)
-        xp = backend.get_array_module(loss.array)
-        self._arrays(xp)
-        if self.dynamic is not None:
-            # the scale as the eager step's Python float enters: rounded
-            # once to the loss's dtype, and to each gradient's for the
-            # update rule's division
-            with _scaled_backward():
-                loss.backward(loss_scale=self.dynamic.scale.astype(
-                    loss.dtype))
-            self._divide_by(model, self.dynamic.scale)
-        else:
-            self.scaling.backward(loss)
-        finite = finite_flag(model, self.scaling.fmt)
-        self.gated.run(finite)
-        self._restore_counters(counters)
+        try:
+            model.cleargrads()
+            loss = call_loss(loss_func, in_arrays)
+            xp = backend.get_array_module(loss.array)
+            self._arrays(xp)
+            if self.dynamic is not None:
+                # the scale as the eager step's Python float enters: rounded
+                # once to the loss's dtype, and to each gradient's for the
+                # update rule's division
+                with _scaled_backward():
+                    loss.backward(loss_scale=self.dynamic.scale.astype(
+                        loss.dtype))
+                self._divide_by(model, self.dynamic.scale)
+            else:
+                self.scaling.backward(loss)
+            self._keep_adaptive_in_place()
+            finite = finite_flag(model, self.scaling.fmt)
+            self.gated.run(finite)
+        finally:
+            self._restore_counters(counters)
         if self.dynamic is not None:
             self.dynamic.update(finite)
         self.skipped += ~finite
         self.flag[...] = finite
         self.loss = loss
+
+    def _keep_adaptive_in_place(self):
+        """The adaptive mode's device state that outlives the step -- the
+        cached β of each GEMM (read again until the next update interval)
+        and α_{N+1} (``init_scale='auto'``/``'amax'``) -- written into the
+        arrays that held it before, so that a graph captured on one phase
+        of the update interval reads what a graph of the other wrote. On
+        the CPU they are host floats: nothing to do."""
+        ada = getattr(self.scaling, 'ada', None)
+        if ada is None or self.xp is numpy:
+            return
+        slots = self._adaptive_slots
+        for key, value in list(ada._betas.items()):
+            ada._betas[key] = self._in_slot(slots, ('beta', key), value)
+        ada.init_scale = self._in_slot(slots, 'alpha', ada.init_scale)
+
+    def _in_slot(self, slots, key, value):
+        if not isinstance(value, self.xp.ndarray):
+            return value
+        slot = slots.get(key)
+        if slot is None or slot.shape != value.shape or \
+                slot.dtype != value.dtype:
+            slot = slots[key] = value.copy()
+        elif slot is not value:
+            slot[...] = value
+        return slot
 
     @staticmethod
     def _divide_by(model, scale):

@@ -34,19 +34,21 @@ SENTINEL = 1234.0                # x[0, 0] of a bad batch
 
 
 class Blowup(chainer.FunctionNode):
-    """Identity; its backward multiplies by Inf when the batch is marked
-    (the injected overflow)."""
+    """Identity on ``h``; its backward multiplies the gradient by Inf when
+    the batch ``x`` is marked (the injected overflow), decided on the
+    arrays (no host read: capturable)."""
 
     def forward(self, inputs):
         h, x = inputs
-        self.bad = bool(x[0, 0] == SENTINEL)
+        self.retain_inputs((1,))
         return h,
 
     def backward(self, indexes, grad_outputs):
         gy, = grad_outputs
-        if self.bad:
-            gy = gy * gy.array.dtype.type(np.inf)
-        return gy, None
+        x = self.get_retained_inputs()[0].array
+        xp = chainer.backend.get_array_module(x)
+        factor = xp.where(x[0, 0] == SENTINEL, xp.inf, 1.0).astype(gy.dtype)
+        return gy * factor, None
 
 
 class MLP(chainer.Chain):
@@ -73,21 +75,26 @@ def _data():
     return data
 
 
-def _updater(mode, graph, weights=None):
+def _updater(mode, graph, device=None, net=MLP, data=None):
+    """A mixed16 updater of ``net`` from seed 0 (``graph``: with a
+    :class:`CapturableStep`, or a runner class to install)."""
     np.random.seed(0)
     with chainer.using_config('dtype', chainer.mixed16):
-        model = Classifier(MLP(), PRECISION)
-    if weights is not None:
-        for (_, p), w in zip(sorted(model.namedparams()), weights):
-            p.array[...] = w
-    it = chainer.iterators.SerialIterator(_data(), BATCH, shuffle=False)
+        model = Classifier(net(), PRECISION)
+    if device is not None:
+        model.to_device(device)
+    it = chainer.iterators.SerialIterator(data or _data(), BATCH,
+                                          shuffle=False)
     opt = setup_optimizer(chainer.optimizers.MomentumSGD(lr=0.05), model,
                           PRECISION)
     add_weight_decay(model, 1e-4)
     updater = MixedPrecisionUpdater(
-        it, opt, make_loss_scaling(mode, PRECISION), mode=mode)
-    if graph:
+        it, opt, make_loss_scaling(mode, PRECISION), mode=mode,
+        device=device)
+    if graph is True:
         updater.step_runner = CapturableStep(updater)
+    elif graph:
+        updater.step_runner = graph(updater)
     return updater
 
 
@@ -118,6 +125,9 @@ def _state(updater):
 
 
 def _bits(v):
+    if hasattr(v, 'get') and hasattr(v, 'device') and \
+            not isinstance(v, np.ndarray):
+        v = v.get()                                  # a CuPy array
     if isinstance(v, np.ndarray) and v.dtype.kind == 'f':
         return v.dtype.str, v.shape, v.tobytes()
     if isinstance(v, np.ndarray):
@@ -131,10 +141,10 @@ def _bits(v):
     return v
 
 
-def _resumed(updater, mode, graph):
+def _resumed(updater, mode, graph, **kwargs):
     """The updater serialized and loaded into a fresh one (a kill)."""
     d = _snapshot(updater)
-    fresh = _updater(mode, graph)
+    fresh = _updater(mode, graph, **kwargs)
     fresh.serialize(serializers.NpzDeserializer(_as_npz(d)))
     return fresh
 
@@ -142,7 +152,9 @@ def _resumed(updater, mode, graph):
 def _as_npz(d):
     import io
     buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in d.items()})
+    np.savez(buf, **{k: chainer.backend.CpuDevice().send(v)
+                     if hasattr(v, 'device') else np.asarray(v)
+                     for k, v in d.items()})
     buf.seek(0)
     return np.load(buf)
 
@@ -163,18 +175,21 @@ def _recovers(mode):
     return not mode.startswith(('fixed', 'none'))
 
 
-@pytest.mark.parametrize('mode', MODES)
-def test_capturable_step_equals_eager_bit_for_bit(mode):
-    eager, graph = _updater(mode, False), _updater(mode, True)
+def run_pair(mode, runner, steps=STEPS, kill=KILL, **kwargs):
+    """Runs ``mode`` eagerly and with ``runner`` (True: CapturableStep, or
+    a runner class) side by side, both killed and resumed at step ``kill``,
+    asserting after every step that their states are equal bit for bit.
+    Returns (the runner's updater, skipped steps, loss scales seen, whether
+    a layer was backed off)."""
+    eager = _updater(mode, False, **kwargs)
+    graph = _updater(mode, runner, **kwargs)
     assert _bits(_state(eager)) == _bits(_state(graph))
-    skipped = 0
-    scales = {eager.loss_scaling.scale}
-    backed_off = False
-    for step in range(STEPS):
-        if step == KILL:
+    skipped, scales, backed_off = 0, {eager.loss_scaling.scale}, False
+    for step in range(steps):
+        if step == kill:
             assert _bits(_snapshot(eager)) == _bits(_snapshot(graph))
-            eager = _resumed(eager, mode, False)
-            graph = _resumed(graph, mode, True)
+            eager = _resumed(eager, mode, False, **kwargs)
+            graph = _resumed(graph, mode, runner, **kwargs)
         if not _recovers(mode) and step in BAD:
             with pytest.raises(NonFiniteGradientError):
                 eager.update()
@@ -192,12 +207,23 @@ def test_capturable_step_equals_eager_bit_for_bit(mode):
         skipped = a['skipped']
         scales.add(a['scale'])
         backed_off |= bool(a.get('backoff'))
+    return graph, skipped, scales, backed_off
+
+
+def check_coverage(mode, skipped, scales, backed_off):
+    """What each mode's run must have gone through to mean anything."""
     if _recovers(mode):
         assert skipped >= len(BAD)
     if mode.startswith('dynamic'):
         assert len(scales) > 2          # backed off and grew
     if mode.startswith(('adaptive', 'amax')) and 'guard=false' not in mode:
         assert backed_off
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_capturable_step_equals_eager_bit_for_bit(mode):
+    _, skipped, scales, backed_off = run_pair(mode, True)
+    check_coverage(mode, skipped, scales, backed_off)
 
 
 def test_skipped_step_leaves_optimizer_state_untouched():
