@@ -25,12 +25,16 @@ and replays it:
   :attr:`max_graphs` of them (the least recently used is dropped).
 * **Memory**: CuPy's pool keeps one arena per stream; a block freed during
   a capture goes back to the capturing stream's arena, so a later
-  allocation on that stream could be handed memory a replay still writes.
-  Captures therefore allocate from a private ``MemoryPool`` used by nothing
-  else and never shrunk while its graphs live; everything the step keeps
-  from one step to the next is written in place into buffers that exist
-  before the capture (:class:`~ada_loss.training.graph_step.GatedUpdate`,
-  the dynamic scale's arrays, the adaptive β and α_{N+1} slots).
+  allocation on that stream -- eager work, or another graph's capture --
+  could be handed memory a replay still writes (the step's temporaries,
+  freed by Python once the capture returns). Each graph therefore
+  allocates from a private ``MemoryPool`` of its own, used by nothing else
+  and dropped with the graph (PyTorch shares a pool between graphs only
+  when they replay in capture order; ours do not: the adaptive phases
+  alternate). Everything the step keeps from one step to the next is
+  written in place into buffers that exist outside any graph's pool
+  (:class:`~ada_loss.training.graph_step.GatedUpdate`, the dynamic scale's
+  arrays, the adaptive β and α_{N+1} slots).
 * **Host reads** only between steps: :meth:`CapturableStep.settle` reads
   the step's flag after the launch (a synchronization of the capture
   stream), then does the eager bookkeeping. What the step reported during
@@ -47,6 +51,7 @@ import collections
 import contextlib
 
 import chainer
+from chainer.backends import cuda
 
 from ada_loss.training.graph_step import CAPTURE_REFUSED, CapturableStep
 
@@ -73,8 +78,9 @@ def resolve(setting, device):
 
 def refusal(updater):
     """Why the step of ``updater`` cannot be captured, or None."""
+    ada = getattr(updater.loss_scaling, 'ada', None)
     for cls, why in CAPTURE_REFUSED.items():
-        if isinstance(updater.loss_scaling, cls):
+        if isinstance(ada, cls):
             return why
     model = updater.get_optimizer('main').target
     for path, link in model.namedlinks():
@@ -124,12 +130,18 @@ def _rebuild(structure, arrays):
 
 
 class _Graph(object):
-    """One captured step: the graph, its static inputs, what it reported."""
+    """One captured step: the graph, its memory pool and static inputs,
+    and the host objects its capture left that a replay rewrites in place:
+    what it reported, the loss (whose graph the skip's location reads), the
+    adaptive pass (its records and non-finite report)."""
 
-    def __init__(self, graph, inputs, observation):
+    def __init__(self, graph, pool, inputs, observation, loss, passes):
         self.graph = graph
+        self.pool = pool
         self.inputs = inputs
         self.observation = observation
+        self.loss = loss
+        self.passes = passes
 
 
 class CudaGraphStep(object):
@@ -144,15 +156,13 @@ class CudaGraphStep(object):
     """
 
     def __init__(self, updater, warmup=3, max_graphs=4, log=print):
-        import cupy
-        self.cupy = cupy
+        cupy = self.cupy = cuda.cupy
         self.step = CapturableStep(updater)
         self.updater = updater
         self.warmup = int(warmup)
         self.max_graphs = int(max_graphs)
         self.log = log
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.pool = cupy.cuda.MemoryPool()
         self.graphs = collections.OrderedDict()
         self.eager_steps = 0
         self.captures = 0
@@ -201,6 +211,10 @@ class CudaGraphStep(object):
             self.cupy.copyto(dst, src)
         entry.graph.launch(self.stream)
         self.replays += 1
+        self.step.loss = entry.loss
+        ada = getattr(self.step.scaling, 'ada', None)
+        if ada is not None:
+            ada._last_pass, ada._records = entry.passes
         if entry.observation and chainer.reporter._get_reporters():
             chainer.reporter.get_current_reporter().observation.update(
                 entry.observation)
@@ -209,7 +223,9 @@ class CudaGraphStep(object):
         """Captures the step on static copies of ``in_arrays``; None (and
         the step run eager, and every later one) where that fails."""
         cupy = self.cupy
-        inputs = [cupy.empty_like(a) for a in _flatten(in_arrays)]
+        pool = cupy.cuda.MemoryPool()
+        with cupy.cuda.using_allocator(pool.malloc):
+            inputs = [cupy.empty_like(a) for a in _flatten(in_arrays)]
         for dst, src in zip(inputs, _flatten(in_arrays)):
             cupy.copyto(dst, src)
         saved = self._adaptive_state()
@@ -217,7 +233,7 @@ class CudaGraphStep(object):
         scope = chainer.reporter.report_scope(observation) \
             if chainer.reporter._get_reporters() else contextlib.nullcontext()
         try:
-            with cupy.cuda.using_allocator(self.pool.malloc), scope:
+            with cupy.cuda.using_allocator(pool.malloc), scope:
                 self.stream.begin_capture()
                 try:
                     self.step.run(_rebuild(structure, inputs))
@@ -236,7 +252,10 @@ class CudaGraphStep(object):
         self.log('cuda_graph: captured step {} (graph {}: {})'.format(
             self.updater.iteration + 1, self.captures,
             ', '.join('x'.join(map(str, s)) for s, _ in structure[2])))
-        return _Graph(graph, inputs, observation)
+        ada = getattr(self.step.scaling, 'ada', None)
+        passes = None if ada is None else (ada._last_pass, ada._records)
+        return _Graph(graph, pool, inputs, observation, self.step.loss,
+                      passes)
 
     def _adaptive_state(self):
         ada = getattr(self.step.scaling, 'ada', None)

@@ -40,18 +40,29 @@ captured (:data:`CAPTURE_REFUSED`).
 """
 import numpy
 from chainer import backend
+from chainer.backends import cuda
 
+from ada_loss.adaptive import AmaxLossScaled
+from ada_loss.loss_scale.dynamic import (
+    ChainerLossScale, DynamicLossScale, TFLossScale)
 from ada_loss.loss_scale.dynamic_arrays import ArrayDynamicScale
-from ada_loss.scaling.methods import (
-    AdaptiveScaling, AmaxScaling, DynamicScaling, _scaled_backward)
 from ada_loss.training.updater import (
-    _format_params, _finite_flag, call_loss)
+    MixedPrecisionUpdater, _format_params, _finite_flag, call_loss)
 
-#: why a mode's step cannot be captured (the capture wrapper runs it eager)
+#: why a layer-wise method's step cannot be captured (the capture wrapper
+#: runs it eager), by the class of its ⟨α, δ⟩ backward
 CAPTURE_REFUSED = {
-    AmaxScaling: 'amax keeps its amax histories as host floats (one '
-                 'read per GEMM per step)',
+    AmaxLossScaled: 'amax keeps its amax histories as host floats (one '
+                    'read per GEMM per step)',
 }
+
+_DYNAMIC_STATES = (DynamicLossScale, ChainerLossScale, TFLossScale)
+
+
+def _scaled_backward():
+    # as ada_loss.scaling.methods._scaled_backward: the overflows of a
+    # scaled backward are expected (the step tests them)
+    return numpy.errstate(over='ignore', invalid='ignore')
 
 
 def finite_flag(model, fmt=None):
@@ -198,7 +209,6 @@ class CapturableStep(object):
     """
 
     def __init__(self, updater):
-        from ada_loss.training.updater import MixedPrecisionUpdater
         if type(updater).grads_finite is not \
                 MixedPrecisionUpdater.grads_finite:
             raise ValueError('CapturableStep: {} decides the finite check '
@@ -234,7 +244,8 @@ class CapturableStep(object):
         self.flag = xp.ones((), dtype=bool)
         self.skipped = xp.zeros((), dtype=numpy.int64)
         self.skipped[...] = self.updater.skipped_steps
-        if isinstance(self.scaling, DynamicScaling):
+        if isinstance(getattr(self.scaling, 'state', None),
+                      _DYNAMIC_STATES):        # the dynamic mode
             self.dynamic = ArrayDynamicScale(self.scaling.state, xp)
 
     def reload(self):
@@ -338,7 +349,11 @@ class CapturableStep(object):
         slot = slots.get(key)
         if slot is None or slot.shape != value.shape or \
                 slot.dtype != value.dtype:
-            slot = slots[key] = value.copy()
+            # outside every memory pool (raw cudaMalloc, never freed while
+            # the step lives): no graph's pool may hand it out again
+            with cuda.cupy.cuda.using_allocator(None):
+                slot = slots[key] = cuda.cupy.empty_like(value)
+            slot[...] = value
         elif slot is not value:
             slot[...] = value
         return slot

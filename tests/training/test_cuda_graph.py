@@ -48,3 +48,14 @@ def test_yaml_booleans_are_on_and_off():
     assert resolve(None, None) is False
     with pytest.raises(ValueError, match='on needs a CUDA device'):
         resolve(True, None)
+
+
+@pytest.mark.parametrize('precision', ['mxfp8', 'fp8:recipe=current'])
+def test_scaled_recipes_are_refused(precision):
+    """Their per-tensor/block scales (and amax histories) are host state
+    the capture cannot follow yet: eager steps, said."""
+    from ada_loss.training import apply_precision
+    updater = G._updater('fixed:16', False)
+    apply_precision(updater.get_optimizer('main').target.predictor,
+                    precision)
+    assert 'scaled recipe' in refusal(updater)
