@@ -257,15 +257,19 @@ class CapturableStep(object):
                 self.dynamic.load()
 
     def graph_key(self):
-        """The host state a captured step depends on, beside the batch's
-        shapes: the adaptive mode's update-interval phase and backoff. Two
-        steps with the same key run the same kernels on the same buffers."""
+        """The host values a captured step depends on, beside the batch's
+        shapes: the optimizer's hyperparameters (a learning-rate schedule
+        changes ``lr`` between steps; a kernel takes it as a constant) and
+        the adaptive mode's update-interval phase and backoff. Two steps
+        with the same key run the same kernels on the same buffers."""
+        hyper = self.updater.get_optimizer('main').hyperparam.get_dict()
+        key = (tuple(sorted(hyper.items())),)
         ada = getattr(self.scaling, 'ada', None)
         if ada is None:
-            return ()
+            return key
         phase = ada.iteration % ada.update_interval
-        return (phase, tuple(sorted((str(k), v)
-                                    for k, v in ada._backoff.items())))
+        return key + (phase, tuple(sorted((str(k), v)
+                                          for k, v in ada._backoff.items())))
 
     # -- the step --------------------------------------------------------
     def update(self):

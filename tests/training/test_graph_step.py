@@ -296,3 +296,22 @@ def test_optimizer_level_hooks_are_refused():
         chainer.optimizer_hooks.WeightDecay(1e-4))
     with pytest.raises(ValueError, match='optimizer-level hook'):
         CapturableStep(updater)
+
+
+def test_graph_key_follows_what_a_capture_bakes_in():
+    """A learning-rate change, the adaptive update-interval phase and a
+    backoff each change the key (a replayed graph would otherwise run with
+    the old constants)."""
+    updater = _updater('adaptive:update_interval=2', True)
+    step = updater.step_runner
+    keys = []
+    for _ in range(3):
+        keys.append(step.graph_key())
+        updater.update()
+    assert keys[0] != keys[1] and keys[0] == keys[2]       # the phase
+    k = step.graph_key()
+    updater.get_optimizer('main').lr = 0.01
+    assert step.graph_key() != k
+    k = step.graph_key()
+    updater.loss_scaling.ada._backoff['predictor/l1'] = 1
+    assert step.graph_key() != k
