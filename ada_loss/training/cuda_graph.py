@@ -129,14 +129,36 @@ def _rebuild(structure, arrays):
     return arrays[0]
 
 
+def _unread(bp, state=None):
+    """The adaptive pass ``bp`` (:class:`ada_loss.adaptive.backward.
+    ScaledBackprop`) keeps what it noted on the device unread until asked
+    (after a skipped step), then caches it. A replay rewrites those device
+    values: without ``state``, returns the pass's unread state as the
+    capture left it; with it, puts the pass back in that state (for the
+    replay just launched) and returns ``bp``."""
+    if bp is None:
+        return None
+    if state is None:
+        return (list(bp._pending), bp._nonfinite, dict(bp._guarded))
+    pending, nonfinite, guarded = state
+    bp._pending = list(pending)
+    bp._nonfinite = nonfinite
+    bp._guarded = collections.OrderedDict(guarded)
+    bp._loss_finite = None
+    return bp
+
+
 class _Graph(object):
     """One captured step: the graph, its memory pool and static inputs,
     and the host objects its capture left that a replay rewrites in place:
     what it reported, the loss (whose graph the skip's location reads), the
-    adaptive pass (its records and non-finite report)."""
+    adaptive pass (its records and non-finite report), the parameters'
+    gradients."""
 
-    def __init__(self, graph, pool, inputs, observation, loss, passes):
+    def __init__(self, graph, pool, inputs, observation, loss, passes,
+                 grads):
         self.graph = graph
+        self.grads = grads
         self.pool = pool
         self.inputs = inputs
         self.observation = observation
@@ -212,9 +234,11 @@ class CudaGraphStep(object):
         entry.graph.launch(self.stream)
         self.replays += 1
         self.step.loss = entry.loss
+        self.step.gated.grads = entry.grads
         ada = getattr(self.step.scaling, 'ada', None)
         if ada is not None:
-            ada._last_pass, ada._records = entry.passes
+            bp, ada._records, unread = entry.passes
+            ada._last_pass = _unread(bp, unread)
         if entry.observation and chainer.reporter._get_reporters():
             chainer.reporter.get_current_reporter().observation.update(
                 entry.observation)
@@ -253,9 +277,10 @@ class CudaGraphStep(object):
             self.updater.iteration + 1, self.captures,
             ', '.join('x'.join(map(str, s)) for s, _ in structure[2])))
         ada = getattr(self.step.scaling, 'ada', None)
-        passes = None if ada is None else (ada._last_pass, ada._records)
+        passes = None if ada is None else (
+            ada._last_pass, ada._records, _unread(ada._last_pass))
         return _Graph(graph, pool, inputs, observation, self.step.loss,
-                      passes)
+                      passes, self.step.gated.grads)
 
     def _adaptive_state(self):
         ada = getattr(self.step.scaling, 'ada', None)

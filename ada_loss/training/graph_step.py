@@ -117,12 +117,14 @@ class GatedUpdate(object):
     Gradients that an update rule would divide in place (a parameter that
     is not converted to FP32 first) are given a copy, so that the skip's
     location, looked up after the step, reads the gradients as the backward
-    left them.
+    left them; :meth:`settle_grads` hands each parameter the one the eager
+    step would leave it.
     """
 
     def __init__(self, optimizer):
         self.optimizer = optimizer
         self._fresh = []
+        self.grads = []
 
     def _slots(self):
         slots = []
@@ -158,12 +160,14 @@ class GatedUpdate(object):
         params = [p for p in optimizer.target.params()
                   if p.update_rule is not None and p.array is not None]
         self._fresh = []
+        originals = []
         for p in params:
             rule = p.update_rule
             converted = rule._use_fp32_update and p.dtype == numpy.float16
             if rule.state is None or (converted and
                                       rule._fp32_param is None):
                 self._fresh.append(rule)
+            originals.append(p.grad)
             if p.grad is not None and not converted:
                 p.grad = p.grad.copy()
         slots = self._slots()
@@ -185,6 +189,19 @@ class GatedUpdate(object):
                 if s.get() is not s.buffer:
                     s.set(s.buffer)
                 s.before = None
+            #: (param, its gradient as the backward left it, as the update
+            #: left it) for :meth:`settle_grads`
+            self.grads = [(p, g, p.grad) for p, g in zip(params, originals)]
+            for p, g in zip(params, originals):
+                p.grad = g
+
+    def settle_grads(self, finite):
+        """Between steps: each parameter's gradient as the eager step
+        leaves it -- as the update left it (unscaled in place, decayed) after
+        an applied step, as the backward left it after a skipped one (what
+        the skip's location reads)."""
+        for p, original, updated in self.grads:
+            p.grad = updated if finite else original
 
     def undo_lazy_init(self):
         """After a skipped step: the state that the step's update created
@@ -384,6 +401,7 @@ class CapturableStep(object):
         updater = self.updater
         optimizer = updater.get_optimizer('main')
         finite = bool(self.flag)
+        self.gated.settle_grads(finite)
         ada = getattr(self.scaling, 'ada', None)
         if ada is not None:
             ada.iteration += 1

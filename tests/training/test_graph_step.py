@@ -315,3 +315,28 @@ def test_graph_key_follows_what_a_capture_bakes_in():
     k = step.graph_key()
     updater.loss_scaling.ada._backoff['predictor/l1'] = 1
     assert step.graph_key() != k
+
+
+@pytest.mark.parametrize('mode', ['fixed:16', 'dynamic', 'adaptive'])
+def test_gradients_between_steps_are_the_eager_ones(mode):
+    """What an extension reads between steps: after an applied step each
+    parameter's gradient as the eager update left it (batch norm's FP32
+    γ/β divided in place), bit for bit."""
+    class BNMLP(MLP):
+        def __init__(self):
+            super(BNMLP, self).__init__()
+            with self.init_scope():
+                self.bn = L.BatchNormalization(16)
+
+        def forward(self, x):
+            h = Blowup().apply((self.bn(self.l1(x)), x))[0]
+            return self.l2(F.relu(h))
+    eager, graph = _updater(mode, False, net=BNMLP), \
+        _updater(mode, True, net=BNMLP)
+    for _ in range(4):
+        eager.update()
+        graph.update()
+        for (n, p), (_, q) in zip(
+                sorted(eager.get_optimizer('main').target.namedparams()),
+                sorted(graph.get_optimizer('main').target.namedparams())):
+            assert _bits(p.grad) == _bits(q.grad), n
