@@ -142,6 +142,21 @@ class GatedUpdate(object):
                     slots.append(_item_slot(rule.state, key))
         return slots
 
+    @staticmethod
+    def _to_param_devices(params):
+        """State arrays loaded from a snapshot are NumPy arrays until the
+        update rule's first update sends them to the parameter's device
+        (``UpdateRule._init_states``); sent here first, so that the gated
+        write-back covers them too (an eager step: never inside a capture,
+        see :meth:`states_exist`)."""
+        for p in params:
+            state = p.update_rule.state
+            xp = backend.get_array_module(p.array)
+            for key, value in (state or {}).items():
+                if hasattr(value, 'shape') and \
+                        backend.get_array_module(value) is not xp:
+                    state[key] = p.device.send(value)
+
     def states_exist(self):
         """Whether every update rule has its state (and FP32 master): the
         condition for a capture, whose update may create nothing."""
@@ -152,6 +167,11 @@ class GatedUpdate(object):
             if rule.state is None or (
                     rule._use_fp32_update and p.dtype == numpy.float16
                     and rule._fp32_param is None):
+                return False
+            xp = backend.get_array_module(p.array)
+            if any(hasattr(v, 'shape') and
+                   backend.get_array_module(v) is not xp
+                   for v in rule.state.values()):
                 return False
         return True
 
@@ -170,6 +190,7 @@ class GatedUpdate(object):
             originals.append(p.grad)
             if p.grad is not None and not converted:
                 p.grad = p.grad.copy()
+        self._to_param_devices(params)
         slots = self._slots()
         for s in slots:
             s.before = s.buffer.copy()
