@@ -245,21 +245,43 @@ def test_skipped_step_leaves_optimizer_state_untouched():
         assert p.update_rule.state['v'].tobytes() == v.tobytes()
 
 
-def test_run_reads_nothing_on_the_host():
-    """:meth:`CapturableStep.run` never converts the flag or the dynamic
-    scale to a Python value: they stay arrays, and the host counters the
-    step would advance are left for :meth:`settle`."""
-    updater = _updater('dynamic:init_scale=65536,growth_interval=5', True)
+@pytest.mark.parametrize('mode', MODES)
+def test_run_leaves_the_host_to_settle(mode):
+    """:meth:`CapturableStep.run` keeps its results in arrays and leaves
+    every host value a replay could not advance as it was -- the optimizer's
+    and update rules' ``t``, the adaptive pass count, the loss-scale host
+    state, the skip count, the graph key; :meth:`settle` advances them (a
+    replay runs no Python, so the host must not depend on ``run`` having
+    run). Over the first 10 steps, a skipped one (batch 7) included."""
+    updater = _updater(mode, True)
     step = updater.step_runner
-    batch = updater._iterators['main'].next()
     opt = updater.get_optimizer('main')
-    t = opt.t
-    step.run(updater.converter(batch, updater.input_device))
-    assert isinstance(step.flag, np.ndarray) and step.flag.shape == ()
-    assert isinstance(step.dynamic.scale, np.ndarray)
-    assert opt.t == t and updater.skipped_steps == 0
-    step.settle()
-    assert opt.t == t + 1
+    for i in range(10):
+        if not _recovers(mode) and i in BAD:
+            break
+        batch = updater._iterators['main'].next()
+        before = (_bits(_snapshot(updater)), opt.t,
+                  [p.update_rule.t for p in opt.target.params()],
+                  updater.skipped_steps, step.graph_key())
+        step.run(updater.converter(batch, updater.input_device))
+        assert isinstance(step.flag, np.ndarray) and step.flag.shape == ()
+        # the host part of the snapshot: not the parameters and optimizer
+        # states, nor what the adaptive step keeps on a device (β, α_{N+1}:
+        # arrays written in place there, host floats here), nor amax's
+        # histories (host floats: amax is not captured)
+        snap = _bits(_snapshot(updater))
+        host = {k: v for k, v in before[0].items()
+                if not k.startswith(('optimizer:', 'model'))
+                and k.rpartition('/')[2] not in (
+                    'beta_keys', 'beta_values', 'init_scale', 'amax_keys',
+                    'amax_lengths', 'amax_values')}
+        assert {k: snap[k] for k in host} == host
+        assert (opt.t, [p.update_rule.t for p in opt.target.params()],
+                updater.skipped_steps, step.graph_key()) == before[1:]
+        step.settle()
+        updater.iteration += 1
+        assert int(step.skipped) == updater.skipped_steps
+    assert opt.t > 0
 
 
 def test_finite_flag_is_an_array_and_sees_saturation():
