@@ -78,7 +78,13 @@ def resolve(setting, device):
 
 def refusal(updater):
     """Why the step of ``updater`` cannot be captured, or None."""
-    ada = getattr(updater.loss_scaling, 'ada', None)
+    scaling = updater.loss_scaling
+    if type(scaling).__module__ != 'ada_loss.scaling.methods':
+        # (training does not import scaling: the layering)
+        return ('{} is not one of the modes\' own methods (a wrapper that '
+                'observes gradients, as the harness\'s probe and recorder '
+                'do, reads them on the host)'.format(type(scaling).__name__))
+    ada = getattr(scaling, 'ada', None)
     for cls, why in CAPTURE_REFUSED.items():
         if isinstance(ada, cls):
             return why

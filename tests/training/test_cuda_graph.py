@@ -59,3 +59,13 @@ def test_scaled_recipes_are_refused(precision):
     apply_precision(updater.get_optimizer('main').target.predictor,
                     precision)
     assert 'scaled recipe' in refusal(updater)
+
+
+def test_observing_wrappers_are_refused():
+    """The harness's probe wraps the mode and reads gradients on the host
+    every few steps: eager steps, said."""
+    from ada_loss.analysis.gemm_probe import ProbingLossScaling
+    updater = G._updater('adaptive', False)
+    updater.loss_scaling = ProbingLossScaling(updater.loss_scaling,
+                                              'adaptive', every=5)
+    assert 'ProbingLossScaling' in refusal(updater)
