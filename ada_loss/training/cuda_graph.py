@@ -43,7 +43,8 @@ and replays it:
 * **Fallback**: where the step cannot be captured (a mode in
   :data:`~ada_loss.training.graph_step.CAPTURE_REFUSED`, a scaled recipe
   with amax histories, a capture that raises), the step runs eager and
-  one line says why.
+  one line says why (a capture that raises: an eager step instead, and
+  the same key tried once more before it stays eager).
 
 Needs CuPy; imported only when a GPU trains.
 """
@@ -195,6 +196,10 @@ class CudaGraphStep(object):
         self.eager_steps = 0
         self.captures = 0
         self.replays = 0
+        #: {graph key: failed captures}; a key is tried twice (the eager
+        #: step after the first failure may create what the capture could
+        #: not, e.g. a table copied to the device), then runs eager
+        self.failed = {}
         self.reason = refusal(updater)
         if self.reason:
             self.log('cuda_graph: eager steps ({})'.format(self.reason))
@@ -227,8 +232,12 @@ class CudaGraphStep(object):
         key = (structure, self.step.graph_key())
         entry = self.graphs.get(key)
         if entry is None:
+            if self.failed.get(key, 0) >= 2:
+                self.step.run(in_arrays)      # this key runs eager
+                return
             entry = self._capture(structure, in_arrays)
             if entry is None:          # fell back: the step ran eager
+                self.failed[key] = self.failed.get(key, 0) + 1
                 return
             self.graphs[key] = entry
             while len(self.graphs) > self.max_graphs:
@@ -251,7 +260,7 @@ class CudaGraphStep(object):
 
     def _capture(self, structure, in_arrays):
         """Captures the step on static copies of ``in_arrays``; None (and
-        the step run eager, and every later one) where that fails."""
+        the step run eager) where that fails."""
         cupy = self.cupy
         pool = cupy.cuda.MemoryPool()
         with cupy.cuda.using_allocator(pool.malloc):
@@ -273,9 +282,10 @@ class CudaGraphStep(object):
                 raise RuntimeError('an optimizer state did not exist yet')
         except Exception as e:     # noqa: any failure falls back to eager
             self._restore_adaptive(saved)
-            self.reason = 'capture failed: {}: {}'.format(
-                type(e).__name__, str(e).splitlines()[0] if str(e) else '')
-            self.log('cuda_graph: eager steps ({})'.format(self.reason))
+            self.log('cuda_graph: capture failed at step {}, an eager step '
+                     'instead ({}: {})'.format(
+                         self.updater.iteration + 1, type(e).__name__,
+                         str(e).splitlines()[0] if str(e) else ''))
             self.step.run(in_arrays)
             return None
         self.captures += 1
