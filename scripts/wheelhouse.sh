@@ -20,8 +20,8 @@
 #                                 needs cuda-bindings, cuda-core>=0.5,
 #                                 cuda-pathfinder>=1.5.1, numpy (the image
 #                                 has them)
-# with chainer, chainercv and the project about 10 MB in all, inside the
-# device tool's 64 MiB carry limit. Install there with
+# 7.2 MB for the two, far inside the device tool's 64 MiB carry limit
+# with chainer, chainercv and the project. Install there with
 #   pip install --no-index --no-deps --target DIR OUTDIR/*.whl
 # and put DIR on PYTHONPATH (scripts/gpu_check.sh does this).
 set -euo pipefail
