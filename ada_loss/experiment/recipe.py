@@ -75,6 +75,7 @@ from ada_loss.experiment.trainer_extensions import (
     evaluator, extend_trainer, final_loss_scales)
 from ada_loss.precision import parse_precision
 from ada_loss.scaling import resolve_precision
+from ada_loss.training.cuda_graph import install as install_cuda_graph
 from ada_loss.training.triggers import StopAt
 
 
@@ -267,8 +268,12 @@ class TrainingStudy(Study):
         what the scaling prints goes to :attr:`scaling_summary`."""
         summary = self.scaling_summary and os.path.join(
             run.folder, self.scaling_summary)
-        return make_updater(train_iter, optimizer, scaling, run.mode,
-                            run.comm, summary, device=run.device)
+        updater = make_updater(train_iter, optimizer, scaling, run.mode,
+                               run.comm, summary, device=run.device)
+        if run.comm is None:        # (ChainerMN: its own finite check)
+            install_cuda_graph(updater, getattr(
+                run.config.train, 'cuda_graph', 'off'), run.device)
+        return updater
 
     def stop(self, run):
         """The stop trigger: ``train.epochs`` or ``train.max_iterations``."""

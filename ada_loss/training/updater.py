@@ -134,9 +134,15 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
         #: the :data:`~ada_loss.training.skips.SkipRecord` of the last
         #: skipped step, or None
         self.last_skip = None
+        #: runs the step instead of :meth:`update_core`'s eager body when
+        #: set: a :class:`~ada_loss.training.graph_step.CapturableStep` or
+        #: a :class:`~ada_loss.training.cuda_graph.CudaGraphStep`
+        self.step_runner = None
         loss_scaling.bind(optimizer.target)
 
     def update_core(self):
+        if self.step_runner is not None:
+            return self.step_runner.update()
         iterator = self._iterators['main']
         optimizer = self._optimizers['main']
         model = optimizer.target
@@ -220,6 +226,9 @@ class MixedPrecisionUpdater(updaters.StandardUpdater):
                                             self.skipped_steps))
         self._serialize_skips(serializer)
         self.loss_scaling.serialize(serializer['loss_scaling'])
+        if self.step_runner is not None and isinstance(
+                serializer, chainer.serializer.Deserializer):
+            self.step_runner.reload()     # its arrays follow the host state
 
     def _serialize_skips(self, serializer):
         # the per-layer counts (run.json) survive a resume

@@ -101,3 +101,19 @@ def test_a_gpu_without_cupy_is_refused_before_training(tiny_config, out_dir,
     assert err.startswith("error: config key 'device': device @cupy:0 "
                           'needs CuPy and a CUDA GPU')
     assert not os.path.exists(out_dir)      # nothing created
+
+
+def test_cuda_graph_on_without_a_gpu_is_refused_at_config_time():
+    with pytest.raises(C.ConfigError) as e:
+        load('train.cuda_graph=on')
+    assert "config key 'train.cuda_graph'" in str(e.value)
+    assert 'needs a CUDA device' in str(e.value)
+    # auto (or null: a config written before the key) and off are fine
+    assert load().train.cuda_graph is None
+    assert load('train.cuda_graph=off').train.cuda_graph in ('off', False)
+    assert load("train.cuda_graph='off'").train.cuda_graph == 'off'
+    with pytest.raises(C.ConfigError, match='needs a CUDA device'):
+        load("train.cuda_graph='on'")
+    assert load('train.cuda_graph=auto').train.cuda_graph == 'auto'
+    with pytest.raises(C.ConfigError):
+        load('train.cuda_graph=yes')

@@ -142,6 +142,12 @@ class Train:
         'tests)', minimum=1)
     eval_batchsize: int = setting(256, 'minibatch size of the evaluation',
                                   minimum=1)
+    # (YAML 1.1 reads a bare on/off as true/false: both spellings taken)
+    cuda_graph: Optional[Literal['auto', 'on', 'off', True, False]] = \
+        setting(None, 'replay the whole training step as a CUDA graph: '
+                'auto (null is auto: a config.yaml written before the key '
+                'compares equal) is on for a CUDA device and off on the '
+                'CPU, where on is an error; ada_loss.training.cuda_graph')
 
 
 @dataclasses.dataclass
@@ -271,6 +277,10 @@ class Config:
                   else 'grid.fixed_scales', mode)
                  for i, mode in enumerate(self.modes())]
         settings.check_modes_build(modes, precisions)
+        if self.train.cuda_graph in ('on', True) and self.device is None:
+            raise C.ConfigError('train.cuda_graph', 'on needs a CUDA device '
+                                '(device: @cupy:N); the CPU has no graphs '
+                                'to replay: use auto or off')
         devices.check_device_config(
             self.device, modes, [('log', self.log)] + [
                 ('per_model.{}.log'.format(m), p['log'])
