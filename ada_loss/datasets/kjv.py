@@ -1,7 +1,7 @@
 """The King James Bible as a character-level corpus (issue 48, item 2).
 
-The text is Debian's ``bible-kjv`` (the Authorized Version, public domain in
-most of the world), written by ::
+The text is Debian's ``bible-kjv`` (the Authorized Version of 1611, whose
+copyright the package's notice states has expired), written by ::
 
     bible -f Gen1:1-Rev22:21 > kjv.txt
 
