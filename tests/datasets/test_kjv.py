@@ -89,7 +89,16 @@ def test_bible_gets_no_input(tmp_path, bible_path):
     # stdin: the loader hands it /dev/null, never the caller's stdin
     fake_bible(bible_path, 'if [ "$(/usr/bin/readlink /proc/$$/fd/0)" = '
                '/dev/null ]; then echo "Ge1:1 closed."; else echo "open"; fi')
-    corpus = get_kjv(str(tmp_path))
+    # the caller's stdin is a pipe here (pytest itself puts /dev/null there)
+    read_end, write_end = os.pipe()
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        corpus = get_kjv(str(tmp_path))
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
     assert (tmp_path / 'kjv.txt').read_text() == 'Ge1:1 closed.\n'
     assert corpus.vocab_size == len(set('Ge1:1 closed.\n'))
 
