@@ -271,8 +271,10 @@ class TrainingStudy(Study):
         updater = make_updater(train_iter, optimizer, scaling, run.mode,
                                run.comm, summary, device=run.device)
         if run.comm is None:        # (ChainerMN: its own finite check)
-            install_cuda_graph(updater, getattr(
-                run.config.train, 'cuda_graph', 'off'), run.device)
+            # studies without a train section (the figures') never replay
+            train = getattr(run.config, 'train', None)
+            install_cuda_graph(updater, getattr(train, 'cuda_graph', 'off'),
+                               run.device)
         return updater
 
     def stop(self, run):
