@@ -168,17 +168,29 @@ def _file(source, root, mirror, timeout, log):
     return DL.download(S.url_of(source, mirror), path, md5, timeout, log)
 
 
+#: the files of each publisher's extracted CIFAR folder that the loader
+#: reads: all there is what "already extracted" means (a folder holding the
+#: test batch alone is what an interrupted ``tar -x`` of cifar-10 leaves,
+#: whose members come data_batch_4, readme.html, test_batch, ...)
+CIFAR_FILES = {
+    'cifar10': ['data_batch_%d' % i for i in range(1, 6)] + ['test_batch',
+                                                            'batches.meta'],
+    'cifar100': ['train', 'test', 'meta'],
+}
+
+
 def _fetch_cifar(name, root, mirror, timeout, log):
     archive, folder, test = cifar_layout(name)
-    extracted = os.path.isfile(os.path.join(root, folder, test))
+    extracted = all(os.path.isfile(os.path.join(root, folder, n))
+                    for n in CIFAR_FILES[name])
     if extracted and not os.path.exists(os.path.join(root, archive)):
         log('{}: already extracted (no archive beside it to verify); not '
             'fetched again'.format(os.path.join(root, folder)))
         return
     path = _file(S.CIFAR[name], root, mirror, timeout, log)
     if not extracted:
-        log('extracted to {}'.format(unpack.unpack_folder(path, root,
-                                                          folder)))
+        log('extracted to {}'.format(unpack.unpack_folder(
+            path, root, folder, last=test)))
 
 
 def _fetch_fashion_mnist(root, mirror, timeout, log):

@@ -357,3 +357,72 @@ def test_a_file_url_mirror(expect, cifar10, tmp_path):
     root = F.fetch('cifar10', tmp_path / 'root',
                    mirror='file://' + str(tmp_path / 'cache'))
     assert len(get_cifar('cifar10', root)[1]) == 4
+
+
+def _members_of(data, names):
+    import io
+    import tarfile
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {n: tar.extractfile('cifar-10-batches-py/' + n).read()
+                for n in names}
+
+
+@pytest.mark.parametrize('left', [
+    # an interrupted `tar -x` of the publisher's archive, whose members
+    # come data_batch_4, readme.html, test_batch, data_batch_3, ...
+    ('data_batch_4', 'test_batch'),
+    ('data_batch_4',),
+])
+@pytest.mark.parametrize('archive_there', [True, False])
+def test_a_half_extracted_folder_is_completed(server, expect, cifar10,
+                                              tmp_path, left, archive_there):
+    """A folder holding some of the publisher's files is not taken for the
+    data set: the archive is fetched (or the verified one there used) and
+    extracted into it, so that the loader reads every training batch."""
+    data, _ = cifar10
+    server.serve(CIFAR10, data)
+    expect(CIFAR10, data)
+    root = tmp_path / 'root'
+    (root / 'cifar-10-batches-py').mkdir(parents=True)
+    for name, content in _members_of(data, left).items():
+        (root / 'cifar-10-batches-py' / name).write_bytes(content)
+    if archive_there:
+        (root / CIFAR10).write_bytes(data)
+    F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
+    train, test = get_cifar('cifar10', str(root))
+    assert len(train) == 20 and len(test) == 4
+    assert sorted(os.listdir(root)) == ['cifar-10-batches-py', CIFAR10]
+    assert server.requests == ([] if archive_there else [CIFAR10])
+
+
+@pytest.mark.parametrize('kind', ['symlink', 'hardlink'])
+def test_an_archive_holding_links_is_refused(server, expect, cifar10,
+                                             tmp_path, kind):
+    """A link inside the folder to a sibling of it passes tarfile's 'data'
+    filter (it stays inside the temporary folder), but once the folder is
+    moved into ``root`` it reads a file of ``root`` outside the data's
+    folder: no link is extracted at all."""
+    import io
+    import tarfile
+    data, _ = cifar10
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode='w:gz') as tar, \
+            tarfile.open(fileobj=io.BytesIO(data)) as good:
+        for m in good.getmembers():
+            if m.name.endswith('/test_batch'):
+                link = tarfile.TarInfo(m.name)
+                link.type = (tarfile.SYMTYPE if kind == 'symlink'
+                             else tarfile.LNKTYPE)
+                link.linkname = ('../planted' if kind == 'symlink' else
+                                 'cifar-10-batches-py/data_batch_1')
+                tar.addfile(link)
+            else:
+                tar.addfile(m, good.extractfile(m) if m.isfile() else None)
+    bad = buf.getvalue()
+    server.serve(CIFAR10, bad)
+    expect(CIFAR10, bad)
+    root = tmp_path / 'root'
+    with pytest.raises(DatasetFetchError) as e:
+        F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
+    assert 'link' in _one_line(e.value)
+    assert os.listdir(root) == [CIFAR10]      # the verified archive only
