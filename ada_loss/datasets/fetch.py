@@ -228,7 +228,8 @@ def fetch(name, root=None, mirror=None, timeout=DL.DEFAULT_TIMEOUT,
     Raises:
         DatasetFetchError: one-line message; nothing a loader would take
             for data is left behind.
-        ValueError: an unknown name.
+        ValueError: an unknown name, or a timeout not in (0,
+            :data:`~ada_loss.datasets.download.MAX_TIMEOUT`].
     """
     log = log or (lambda text: None)
     name = _ALIASES.get(name, name)
@@ -237,6 +238,7 @@ def fetch(name, root=None, mirror=None, timeout=DL.DEFAULT_TIMEOUT,
                          .format(name, ', '.join(NAMES)))
     if name == 'imagenet':
         raise DatasetFetchError(IMAGENET_MANUAL)
+    DL.check_timeout(timeout)
     root = os.path.abspath(os.path.expanduser(
         os.fspath(root) if root is not None else default_fetch_root(name)))
     try:
@@ -299,8 +301,9 @@ def main(argv=None):
                    metavar='S', help='give up after S seconds without a byte '
                    '(default: %(default)g)')
     args = p.parse_args(argv)
-    if not args.timeout > 0:
-        p.error('--timeout must be a positive number of seconds')
+    if not 0 < args.timeout <= DL.MAX_TIMEOUT:     # False for NaN too
+        p.error('--timeout must be a number of seconds above 0 and at most '
+                '{:g}'.format(DL.MAX_TIMEOUT))
 
     def log(text):
         print('[fetch] ' + text, flush=True)

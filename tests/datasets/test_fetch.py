@@ -426,3 +426,23 @@ def test_an_archive_holding_links_is_refused(server, expect, cifar10,
         F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
     assert 'link' in _one_line(e.value)
     assert os.listdir(root) == [CIFAR10]      # the verified archive only
+
+
+@pytest.mark.parametrize('timeout', [float('inf'), 1e300, float('nan'), 0])
+def test_a_timeout_no_socket_takes_is_refused_up_front(tmp_path, capsys,
+                                                       timeout):
+    """``--timeout inf`` (or 1e300) passed the check ``> 0`` and ended in
+    an OverflowError traceback from ``socket.settimeout``; now the command
+    line refuses it as it refuses 0, and ``fetch`` in one line, before any
+    connection or file."""
+    with pytest.raises(SystemExit) as e:
+        F.main(['cifar10', '--root', str(tmp_path / 'r'), '--mirror',
+                _refused_url(), '--timeout', repr(timeout)])
+    assert e.value.code == 2
+    assert '--timeout must be a number of seconds above 0 and at most' in \
+        capsys.readouterr().err
+    with pytest.raises(ValueError) as e:
+        F.fetch('cifar10', tmp_path / 'r', mirror=_refused_url(),
+                timeout=timeout)
+    assert 'timeout must be a number of seconds' in _one_line(e.value)
+    assert not (tmp_path / 'r').exists()
