@@ -176,6 +176,34 @@ class _SafeNpz(object):
                                                                  key))
         return value
 
+    def verify(self, key):
+        """Raises ValueError (or the zip module's error) unless member
+        ``key`` is intact, holding no more memory than a chunk: its bytes
+        streamed through the zip module's CRC check and counted against
+        the size its header declares. (``self[key]`` would hold the whole
+        array: 400 MiB for a 400 KB member of zeros.) A member whose header
+        was not read is read as ``self[key]`` reads it."""
+        names = self.npz.zip.namelist()
+        member = key if key in names else key + '.npy'
+        header = self.header(key)
+        if header is None:
+            self[key]
+            return
+        shape, dtype = header
+        with self.npz.zip.open(member) as f:
+            version = npy_format.read_magic(f)
+            (npy_format.read_array_header_1_0 if version == (1, 0)
+             else npy_format.read_array_header_2_0)(f)
+            got = 0
+            for chunk in iter(lambda: f.read(1 << 20), b''):
+                got += len(chunk)
+        want = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+        if got != want:
+            raise ValueError('{}: {} holds {} bytes of data, its header '
+                             'declares {} ({})'.format(
+                                 self.name, key, got, want,
+                                 describe(_Header(shape, dtype))))
+
     def close(self):
         self.npz.close()
 
