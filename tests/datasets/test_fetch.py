@@ -446,3 +446,19 @@ def test_a_timeout_no_socket_takes_is_refused_up_front(tmp_path, capsys,
                 timeout=timeout)
     assert 'timeout must be a number of seconds' in _one_line(e.value)
     assert not (tmp_path / 'r').exists()
+
+
+def test_two_fetches_into_one_root_both_succeed(cifar10, tmp_path):
+    """Two fetches racing into one root both extract into temporary
+    folders; the one that renames second found the folder there and
+    failed ('Directory not empty'), though the data were complete. Now it
+    moves its files in (the same verified bytes)."""
+    from ada_loss.datasets import unpack
+    data, _ = cifar10
+    archive = tmp_path / CIFAR10
+    archive.write_bytes(data)
+    for _ in range(2):      # the second as the race's loser sees the root
+        unpack.unpack_folder(str(archive), str(tmp_path),
+                             'cifar-10-batches-py')
+    assert sorted(os.listdir(tmp_path)) == ['cifar-10-batches-py', CIFAR10]
+    assert len(get_cifar('cifar10', str(tmp_path))[0]) == 20
