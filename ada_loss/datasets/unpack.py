@@ -103,7 +103,8 @@ def unpack_folder(archive, root, folder, last=None):
     into a folder already there (a half-done extraction by hand, or a
     concurrent fetch that renamed first) file by file, the file named
     ``last`` -- the one a loader takes as the sign of the folder, CIFAR's
-    test batch -- moved after all others."""
+    test batch -- removed first and moved in after all others, so that an
+    interruption never leaves the folder looking complete."""
     tmp = _extract(archive, root, lambda name: name == folder or
                    name.startswith(folder + '/'))
     try:
@@ -114,6 +115,14 @@ def unpack_folder(archive, root, folder, last=None):
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or \
                     not os.path.isdir(target):
                 raise
+            if last is not None:
+                # until every other file is in, the folder must not look
+                # complete (a stale test batch beside data_batch_1..4
+                # moved in before an interruption would)
+                try:
+                    os.remove(os.path.join(target, last))
+                except FileNotFoundError:
+                    pass
             _move_files(os.path.join(tmp, folder), target, last)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

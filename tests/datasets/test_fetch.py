@@ -462,3 +462,38 @@ def test_two_fetches_into_one_root_both_succeed(cifar10, tmp_path):
                              'cifar-10-batches-py')
     assert sorted(os.listdir(tmp_path)) == ['cifar-10-batches-py', CIFAR10]
     assert len(get_cifar('cifar10', str(tmp_path))[0]) == 20
+
+
+def test_ctrl_c_while_completing_a_half_folder_leaves_it_incomplete(
+        server, expect, cifar10, tmp_path, monkeypatch):
+    """Ctrl-C after batches.meta and data_batch_1..3 were moved into a
+    folder that held data_batch_4 and a test batch: that folder would read
+    as CIFAR-10 with four batches of five, no gap to tell. The test batch
+    is taken out first and moved in last, so it reads as missing data;
+    the same command completes it."""
+    data, _ = cifar10
+    server.serve(CIFAR10, data)
+    expect(CIFAR10, data)
+    root = tmp_path / 'root'
+    (root / 'cifar-10-batches-py').mkdir(parents=True)
+    for name, content in _members_of(data, ('data_batch_4',
+                                            'test_batch')).items():
+        (root / 'cifar-10-batches-py' / name).write_bytes(content)
+    real, moved = os.replace, []
+
+    def interrupted(src, dst):     # Ctrl-C at the fifth file moved in
+        if len(moved) == 5:
+            raise KeyboardInterrupt
+        moved.append(os.path.basename(dst))
+        real(src, dst)
+    monkeypatch.setattr(os, 'replace', interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
+    monkeypatch.setattr(os, 'replace', real)
+    assert moved[1:] == ['batches.meta', 'data_batch_1', 'data_batch_2',
+                         'data_batch_3']       # [0]: the archive's rename
+    with pytest.raises(DatasetNotFoundError):
+        get_cifar('cifar10', str(root))
+    assert sorted(os.listdir(root)) == ['cifar-10-batches-py', CIFAR10]
+    F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
+    assert len(get_cifar('cifar10', str(root))[0]) == 20
