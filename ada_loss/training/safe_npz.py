@@ -140,6 +140,7 @@ class _SafeNpz(object):
         if hasattr(file, 'seek'):
             file.seek(0)
         self.npz = numpy.load(file, allow_pickle=False)
+        self._names = frozenset(self.npz.zip.namelist())
 
     def header(self, key):
         """``(shape, dtype)`` of member ``key`` as its header says (before
@@ -147,8 +148,7 @@ class _SafeNpz(object):
         ValueError for a member that is no ``.npy`` array (before its
         bytes are read). ``key`` names a member as NumPy's ``NpzFile``
         does: its own name, else that name with ``.npy``."""
-        names = self.npz.zip.namelist()
-        member = key if key in names else key + '.npy'
+        member = key if key in self._names else key + '.npy'
         if member in self.headers and self.headers[member] is None:
             raise ValueError('{}: {} is not a NumPy array'.format(self.name,
                                                                  key))
@@ -183,8 +183,7 @@ class _SafeNpz(object):
         the size its header declares. (``self[key]`` would hold the whole
         array: 400 MiB for a 400 KB member of zeros.) A member whose header
         was not read is read as ``self[key]`` reads it."""
-        names = self.npz.zip.namelist()
-        member = key if key in names else key + '.npy'
+        member = key if key in self._names else key + '.npy'
         header = self.header(key)
         if header is None:
             self[key]
