@@ -142,7 +142,11 @@ def build_ssd(name='ssd512', n_fg_class=20, precision='float32',
             Loaded by :func:`ada_loss.training.safe_npz.load_npz` with
             ``strict=False``, once every parameter is initialized (one
             forward pass: a lazily initialized one, as VGG-16's first
-            convolution, would otherwise take any shape the file holds): no pickles (an object array is an
+            convolution, would otherwise take any shape the file holds)
+            and the precision applied (so a file saved from a model of the
+            same precision loads its per-layer state too, e.g. NVFP4's
+            stochastic-rounding counters, where it was refused as keys the
+            plain model lacks): no pickles (an object array is an
             ``UnsafeNpzError`` naming the file), the model's values the file
             lacks keep their initialization, a key the model lacks or an
             array of another shape or dtype kind is an
