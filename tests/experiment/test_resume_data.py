@@ -260,3 +260,23 @@ def test_a_damaged_data_record_is_refused_in_one_line(cifar, out_dir,
     assert _run(path, out_dir, '--resume', '--set',
                 'train.max_iterations=4') == 2
     assert "data record is not one" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('text', ['[]', '"finished"', '3'])
+def test_a_run_json_that_is_no_object_is_no_record(cifar, out_dir, capsys,
+                                                   text):
+    """run.json holding valid JSON of another shape crashed every rerun
+    (AttributeError: 'str' object has no attribute 'get'); it is now what
+    invalid JSON already was: no record of the run."""
+    _, _, path, folder = cifar
+    with open(os.path.join(folder, R.RUN_JSON), 'w') as f:
+        f.write(text)
+    assert R.read_run(folder) is None
+    capsys.readouterr()
+    status = _run(path, out_dir)
+    captured = capsys.readouterr()
+    assert 'Traceback' not in captured.err
+    # as with invalid JSON: a run with snapshots and no record, one line
+    assert status == 2
+    assert 'unfinished (run.json missing); --resume continues it' in \
+        captured.err
