@@ -75,6 +75,36 @@ class _Spec(object):
                    for m in [_TRAIN_BATCH.match(n)] if m]
         return [n for _, n in sorted(batches)]
 
+    def gaps(self, names):
+        """The training batches missing below the highest one of ``names``
+        (``data_batch_1 .. data_batch_k`` with none skipped; [] for
+        CIFAR-100's single file). An interrupted ``tar -x`` of the
+        publisher's archive, whose members come ``data_batch_4``,
+        ``readme.html``, ``test_batch``, ``data_batch_3``, ...,
+        ``data_batch_1``, leaves a folder holding the test batch and never
+        ``data_batch_1``: read as it is, it would train on a fifth of the
+        set without a word."""
+        if self.train is not None:
+            return []
+        have = {int(_TRAIN_BATCH.match(n).group(1))
+                for n in self.train_files(names)}
+        return ['data_batch_%d' % i for i in range(1, max(have, default=0))
+                if i not in have]
+
+    def check_complete(self, names, location):
+        """Raises DatasetNotFoundError naming what ``location`` lacks: a
+        training file, the test file, or a batch below the highest."""
+        if not self.train_files(names) or self.test not in names:
+            raise DatasetNotFoundError(_not_found(
+                self, '{} lacks the training or test file (found: {})'
+                .format(location, ', '.join(sorted(names)) or 'nothing')))
+        gaps = self.gaps(names)
+        if gaps:
+            raise DatasetNotFoundError(_not_found(
+                self, '{} lacks {} beside {} (a half-done extraction?)'
+                .format(location, ', '.join(gaps),
+                        self.train_files(names)[-1])))
+
     def wanted(self, name):
         return (name in (self.train, self.test, self.meta)
                 or (self.train is None and bool(_TRAIN_BATCH.match(name))))
@@ -155,11 +185,8 @@ def get_cifar(name, root=None, label='fine'):
             spec.title, label, ', '.join(sorted(spec.labels))))
     files = _find_files(spec, root)
     label_key, n_classes = spec.labels[label]
+    spec.check_complete(files.names, files.location)
     train_names = spec.train_files(files.names)
-    if not train_names or spec.test not in files.names:
-        raise DatasetNotFoundError(_not_found(
-            spec, '{} lacks the training or test file (found: {})'.format(
-                files.location, ', '.join(sorted(files.names)) or 'nothing')))
 
     def load(names):
         parts = [_parse_batch(files.load(n), label_key, n_classes,
@@ -266,10 +293,7 @@ def cifar_files(name, root=None):
     if kind == 'archive':
         return [os.path.abspath(path)]
     names = [n for n in os.listdir(path) if spec.wanted(n)]
-    if not spec.train_files(names) or spec.test not in names:
-        raise DatasetNotFoundError(_not_found(
-            spec, '{} lacks the training or test file (found: {})'.format(
-                path, ', '.join(sorted(names)) or 'nothing')))
+    spec.check_complete(names, path)
     return sorted(os.path.abspath(os.path.join(path, n)) for n in names)
 
 

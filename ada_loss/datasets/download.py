@@ -29,6 +29,20 @@ from ada_loss.datasets.errors import one_line
 #: seconds without a byte after which a download is given up
 DEFAULT_TIMEOUT = 60.0
 
+#: the largest timeout taken, seconds (a million: 11.6 days). A socket's
+#: timeout must fit the platform's time_t in microseconds (``inf`` or
+#: ``1e300`` end in an OverflowError inside ``socket.settimeout``).
+MAX_TIMEOUT = 1e6
+
+
+def check_timeout(timeout):
+    """Raises ValueError unless ``timeout`` is a number of seconds in
+    (0, :data:`MAX_TIMEOUT`]."""
+    if not 0 < timeout <= MAX_TIMEOUT:     # False for NaN too
+        raise ValueError('the timeout must be a number of seconds above 0 '
+                         'and at most {:g}, got {!r}'.format(MAX_TIMEOUT,
+                                                             timeout))
+
 _CHUNK = 1 << 20
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -109,7 +123,8 @@ def download(url, path, md5, timeout=DEFAULT_TIMEOUT, log=None):
         url (str): ``http(s)://`` or ``file://`` URL.
         path (str): where the file goes; its folder is created.
         md5 (str): the expected MD5 hex digest.
-        timeout (float): seconds without a byte before giving up.
+        timeout (float): seconds without a byte before giving up, above 0
+            and at most :data:`MAX_TIMEOUT` (else ValueError).
         log (callable): takes one-line progress messages (``None``: quiet).
 
     Raises:
@@ -117,6 +132,7 @@ def download(url, path, md5, timeout=DEFAULT_TIMEOUT, log=None):
             MD5); ``path`` is then as it was before the call.
     """
     log = log or (lambda text: None)
+    check_timeout(timeout)
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)

@@ -168,17 +168,29 @@ def _file(source, root, mirror, timeout, log):
     return DL.download(S.url_of(source, mirror), path, md5, timeout, log)
 
 
+#: the files of each publisher's extracted CIFAR folder that the loader
+#: reads: all there is what "already extracted" means (a folder holding the
+#: test batch alone is what an interrupted ``tar -x`` of cifar-10 leaves,
+#: whose members come data_batch_4, readme.html, test_batch, ...)
+CIFAR_FILES = {
+    'cifar10': ['data_batch_%d' % i for i in range(1, 6)] + ['test_batch',
+                                                            'batches.meta'],
+    'cifar100': ['train', 'test', 'meta'],
+}
+
+
 def _fetch_cifar(name, root, mirror, timeout, log):
     archive, folder, test = cifar_layout(name)
-    extracted = os.path.isfile(os.path.join(root, folder, test))
+    extracted = all(os.path.isfile(os.path.join(root, folder, n))
+                    for n in CIFAR_FILES[name])
     if extracted and not os.path.exists(os.path.join(root, archive)):
         log('{}: already extracted (no archive beside it to verify); not '
             'fetched again'.format(os.path.join(root, folder)))
         return
     path = _file(S.CIFAR[name], root, mirror, timeout, log)
     if not extracted:
-        log('extracted to {}'.format(unpack.unpack_folder(path, root,
-                                                          folder)))
+        log('extracted to {}'.format(unpack.unpack_folder(
+            path, root, folder, last=test)))
 
 
 def _fetch_fashion_mnist(root, mirror, timeout, log):
@@ -216,7 +228,8 @@ def fetch(name, root=None, mirror=None, timeout=DL.DEFAULT_TIMEOUT,
     Raises:
         DatasetFetchError: one-line message; nothing a loader would take
             for data is left behind.
-        ValueError: an unknown name.
+        ValueError: an unknown name, or a timeout not in (0,
+            :data:`~ada_loss.datasets.download.MAX_TIMEOUT`].
     """
     log = log or (lambda text: None)
     name = _ALIASES.get(name, name)
@@ -225,6 +238,7 @@ def fetch(name, root=None, mirror=None, timeout=DL.DEFAULT_TIMEOUT,
                          .format(name, ', '.join(NAMES)))
     if name == 'imagenet':
         raise DatasetFetchError(IMAGENET_MANUAL)
+    DL.check_timeout(timeout)
     root = os.path.abspath(os.path.expanduser(
         os.fspath(root) if root is not None else default_fetch_root(name)))
     try:
@@ -287,8 +301,9 @@ def main(argv=None):
                    metavar='S', help='give up after S seconds without a byte '
                    '(default: %(default)g)')
     args = p.parse_args(argv)
-    if not args.timeout > 0:
-        p.error('--timeout must be a positive number of seconds')
+    if not 0 < args.timeout <= DL.MAX_TIMEOUT:     # False for NaN too
+        p.error('--timeout must be a number of seconds above 0 and at most '
+                '{:g}'.format(DL.MAX_TIMEOUT))
 
     def log(text):
         print('[fetch] ' + text, flush=True)

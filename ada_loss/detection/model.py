@@ -37,6 +37,7 @@ from ada_loss.links import as_gemm_link
 from ada_loss.precision import compute_dtype, dtype_config
 from ada_loss.training.precision_setup import apply_precision
 from ada_loss.training.safe_npz import load_npz
+from ada_loss.training.safe_npz import open_npz
 
 #: ChainerCV's SSD mean (RGB, ImageNet) subtracted from input images.
 SSD_MEAN = numpy.array((123, 117, 104), numpy.float32).reshape((-1, 1, 1))
@@ -139,7 +140,13 @@ def build_ssd(name='ssd512', n_fg_class=20, precision='float32',
             ChainerCV's VGG-16 ImageNet weights for SSD). ChainerCV's named
             weights ('imagenet', 'voc0712') would be downloaded: refused.
             Loaded by :func:`ada_loss.training.safe_npz.load_npz` with
-            ``strict=False``: no pickles (an object array is an
+            ``strict=False``, once every parameter is initialized (one
+            forward pass: a lazily initialized one, as VGG-16's first
+            convolution, would otherwise take any shape the file holds)
+            and the precision applied (so a file saved from a model of the
+            same precision loads its per-layer state too, e.g. NVFP4's
+            stochastic-rounding counters, where it was refused as keys the
+            plain model lacks): no pickles (an object array is an
             ``UnsafeNpzError`` naming the file), the model's values the file
             lacks keep their initialization, a key the model lacks or an
             array of another shape or dtype kind is an
@@ -159,18 +166,24 @@ def build_ssd(name='ssd512', n_fg_class=20, precision='float32',
                 'pretrained_model must be None or the path of a local .npz '
                 'file (nothing is downloaded); got {!r}'.format(
                     pretrained_model))
+        with open_npz(pretrained_model):
+            pass    # a file with pickles refused before the model is built
     with dtype_config(precision):
         model = (TinySSD(n_fg_class) if name == 'ssd_tiny'
                  else _MODELS[name](n_fg_class=n_fg_class))
-        if pretrained_model:
-            # not ChainerCV's own loader (Chainer's load_npz, which unpickles
-            # object arrays): the safe one, partial weights allowed (a
-            # backbone), every array checked against the model
-            load_npz(pretrained_model, model, strict=False)
     model.precision = precision
     apply_precision(model, precision, seed)
     for path, link in model.namedlinks():
         if as_gemm_link(link):
             link.scale_key = path.lstrip('/')
     make_normalize_fp32(model)
+    if pretrained_model:
+        # every parameter its shape first: a lazily initialized one
+        # (in_channels None, as VGG-16's first convolution) would take
+        # whatever shape the file holds, unchecked, and of any size
+        initialize_params(model)
+        # not ChainerCV's own loader (Chainer's load_npz, which unpickles
+        # object arrays): the safe one, partial weights allowed (a
+        # backbone), every array checked against the model
+        load_npz(pretrained_model, model, strict=False)
     return initialize_params(model) if initialize else model

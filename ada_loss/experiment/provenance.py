@@ -22,7 +22,7 @@ already.
 **Cost.** Hashing reads every byte once: 178 MB (CIFAR-10's six
 batches) took 0.97 s on the project's 2-core machine, from the page cache.
 A digest is cached in the process per (real path, size, modification
-time, inode), so a grid of many cells hashes each file once per process
+time, status-change time, inode), so a grid of many cells hashes each file once per process
 (``--jobs`` workers hash again, once each). Sizes and modification times
 alone would be cheaper but miss a file rewritten with new content in the
 same size (e.g. another random fixture) — the content is what the numbers
@@ -43,17 +43,21 @@ import os
 from ada_loss.experiment import runinfo as R
 from ada_loss.training.snapshot import snapshot_candidates
 
-#: (real path, size, mtime_ns, inode) -> sha256 hex digest, this process
+#: (real path, size, mtime_ns, ctime_ns, inode) -> sha256 hex digest,
+#: this process
 _DIGESTS = {}
 _CHUNK = 1 << 22
 
 
 def file_sha256(path):
     """The SHA-256 of the file ``path`` (hex), cached in this process while
-    its size, modification time and inode stay the same."""
+    its size, modification time, status-change time and inode stay the
+    same. The status-change time is what a rewrite in place changes even
+    when the modification time is put back (``touch -r``, ``os.utime``):
+    no call sets it."""
     real = os.path.realpath(path)
     st = os.stat(real)
-    key = (real, st.st_size, st.st_mtime_ns, st.st_ino)
+    key = (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     digest = _DIGESTS.get(key)
     if digest is None:
         h = hashlib.sha256()
@@ -99,9 +103,24 @@ def run_data(record, folder, resume):
     if record is None or not (resume and snapshot_candidates(folder)):
         return record
     old = (R.read_run(folder) or {}).get('data')
-    if old is None or old.get(EARLIER_UNVERIFIED):
+    if not well_formed(old) or old.get(EARLIER_UNVERIFIED):
         return dict(record, **{EARLIER_UNVERIFIED: True})
     return record
+
+
+def well_formed(record):
+    """Whether ``record`` (a ``run.json`` ``data`` field as read) has the
+    shape :func:`data_record` gives it: a dict whose ``fingerprint`` is
+    text, ``roots`` a dict and ``files`` a dict of {name: {'size': int,
+    'sha256': text}}."""
+    if not isinstance(record, dict) or \
+            not isinstance(record.get('fingerprint'), str) or \
+            not isinstance(record.get('roots'), dict) or \
+            not isinstance(record.get('files'), dict):
+        return False
+    return all(isinstance(e, dict) and isinstance(e.get('size'), int) and
+               isinstance(e.get('sha256'), str)
+               for e in record['files'].values())
 
 
 def _short(digest):
@@ -166,6 +185,10 @@ def check(info, current_data, world_size):
         return None, 'data unverified: {}'.format(
             'its run.json predates the data records' if info
             else 'its run.json is missing')
+    if not well_formed(old):
+        return ('its run.json\'s data record is not one this code writes '
+                '(edited or damaged), so the data it ran on are unknown'), \
+            None
     if missing is not None:
         return None, 'data unverified: ' + missing
     changes = data_changes(old, new)

@@ -89,9 +89,12 @@ def read_run(folder):
     path = os.path.join(folder, RUN_JSON)
     try:
         with open(path) as f:
-            return json.load(f)
+            info = json.load(f)
     except (OSError, ValueError):
         return None
+    # valid JSON of another shape (a list, a number: edited or damaged) is
+    # no run record either, as invalid JSON is not
+    return info if isinstance(info, dict) else None
 
 
 def write_run(folder, info):

@@ -18,8 +18,11 @@ project loads every ``.npz`` through this module:
   run: each value the target asks for is checked against the file (its
   key present, an array's shape equal and its dtype castable within its
   kind, a scalar a scalar), before anything is copied in; an array's
-  shape and dtype are checked from the member's header before its data are
-  read, so a compressed member of another size is never decompressed.
+  shape and dtype, a scalar's kind and its having no axes, are checked from
+  the member's header before its data are read, so a compressed member of
+  another size is never decompressed (nor a member that is no ``.npy``
+  array, refused by its name); a value the target asks for as None (a
+  reader) has no size to check against and is read as it is.
   Chainer's own copy (``numpy.copyto``) broadcasts, so a ``(1,)`` array
   would silently fill a ``(64, 3, 3, 3)`` weight: the shape check is what
   refuses it.
@@ -87,15 +90,22 @@ def _name(file):
 def check_members(file):
     """Raises :class:`UnsafeNpzError` if a member of the ``.npz`` ``file``
     (a path or a binary file object) holds Python objects, reading only
-    the members' ``.npy`` headers; returns {key: (shape, dtype)} of the
-    members whose header it read. A member that is no ``.npy`` array, or
-    whose header does not parse, is left to NumPy's reader (which raises
+    the members' ``.npy`` headers; returns {member name: (shape, dtype)}
+    of the members whose header it read, and {member name: None} for the
+    members that are no ``.npy`` array at all (NumPy's ``NpzFile`` gives
+    their bytes, decompressed whole, for a key of that name). A member
+    whose header does not parse is left to NumPy's reader (which raises
     ``ValueError`` for it)."""
     headers = {}
     with zipfile.ZipFile(file) as archive:
         for info in archive.infolist():
-            if not info.filename.endswith('.npy'):
-                continue
+            with archive.open(info) as member:
+                # NumPy reads any member starting with the magic string as
+                # an array, whatever its name ends with
+                if member.read(len(npy_format.MAGIC_PREFIX)) != \
+                        npy_format.MAGIC_PREFIX:
+                    headers[info.filename] = None
+                    continue
             with archive.open(info) as member:
                 try:
                     version = npy_format.read_magic(member)
@@ -109,8 +119,9 @@ def check_members(file):
                     # reads it with allow_pickle=False below
                     continue
             if dtype.hasobject:
-                raise UnsafeNpzError(_name(file), info.filename[:-4])
-            headers[info.filename[:-4]] = (tuple(shape), dtype)
+                raise UnsafeNpzError(_name(file),
+                                     info.filename.removesuffix('.npy'))
+            headers[info.filename] = (tuple(shape), dtype)
     return headers
 
 
@@ -129,11 +140,19 @@ class _SafeNpz(object):
         if hasattr(file, 'seek'):
             file.seek(0)
         self.npz = numpy.load(file, allow_pickle=False)
+        self._names = frozenset(self.npz.zip.namelist())
 
     def header(self, key):
         """``(shape, dtype)`` of member ``key`` as its header says (before
-        its data are read), or None."""
-        return self.headers.get(key)
+        its data are read), or None where it was not read; raises
+        ValueError for a member that is no ``.npy`` array (before its
+        bytes are read). ``key`` names a member as NumPy's ``NpzFile``
+        does: its own name, else that name with ``.npy``."""
+        member = key if key in self._names else key + '.npy'
+        if member in self.headers and self.headers[member] is None:
+            raise ValueError('{}: {} is not a NumPy array'.format(self.name,
+                                                                 key))
+        return self.headers.get(member)
 
     @property
     def files(self):
@@ -156,6 +175,33 @@ class _SafeNpz(object):
             raise ValueError('{}: {} is not a NumPy array'.format(self.name,
                                                                  key))
         return value
+
+    def verify(self, key):
+        """Raises ValueError (or the zip module's error) unless member
+        ``key`` is intact, holding no more memory than a chunk: its bytes
+        streamed through the zip module's CRC check and counted against
+        the size its header declares. (``self[key]`` would hold the whole
+        array: 400 MiB for a 400 KB member of zeros.) A member whose header
+        was not read is read as ``self[key]`` reads it."""
+        member = key if key in self._names else key + '.npy'
+        header = self.header(key)
+        if header is None:
+            self[key]
+            return
+        shape, dtype = header
+        with self.npz.zip.open(member) as f:
+            version = npy_format.read_magic(f)
+            (npy_format.read_array_header_1_0 if version == (1, 0)
+             else npy_format.read_array_header_2_0)(f)
+            got = 0
+            for chunk in iter(lambda: f.read(1 << 20), b''):
+                got += len(chunk)
+        want = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+        if got != want:
+            raise ValueError('{}: {} holds {} bytes of data, its header '
+                             'declares {} ({})'.format(
+                                 self.name, key, got, want,
+                                 describe(_Header(shape, dtype))))
 
     def close(self):
         self.npz.close()
@@ -231,23 +277,12 @@ class CheckingDeserializer(chainer.serializers.NpzDeserializer):
             raise NpzKeyMissing(full, 'lacks {} (the {} holds it)'.format(
                 full, self.holder))
         header = getattr(self.npz, 'header', lambda key: None)(full)
-        if header is not None and (isinstance(value, numpy.ndarray) or
-                                   hasattr(value, 'device')):
+        if header is not None and value is not None:
             # from the header, before the data are read (decompressed): a
             # member of another size is never loaded
-            self._check_array(full, _Header(*header), value)
+            self._check_stored(full, _Header(*header), value)
         stored = self.npz[full]
-        want = _expected_kinds(value)
-        if stored.dtype.kind not in want:
-            raise NpzMismatchError(full, '{} is {}, expected {}'.format(
-                full, describe(stored), describe(value) if hasattr(
-                    value, 'dtype') else 'a ' + type(value).__name__))
-        if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
-            self._check_array(full, stored, value)
-        elif value is not None and stored.ndim != 0:
-            raise NpzMismatchError(
-                full, '{} is {}, expected a scalar ({})'.format(
-                    full, describe(stored), type(value).__name__))
+        self._check_stored(full, stored, value)
         if value is None:
             return numpy.array(stored)
         if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
@@ -259,6 +294,21 @@ class CheckingDeserializer(chainer.serializers.NpzDeserializer):
                                    '({})'.format(full, describe(stored),
                                                  type(value).__name__, e))
 
+
+    @classmethod
+    def _check_stored(cls, full, stored, value):
+        """``stored`` (an array or a header) fits ``value``: its kind one
+        of ``value``'s, an array's shape and dtype, a scalar's no axes."""
+        if stored.dtype.kind not in _expected_kinds(value):
+            raise NpzMismatchError(full, '{} is {}, expected {}'.format(
+                full, describe(stored), describe(value) if hasattr(
+                    value, 'dtype') else 'a ' + type(value).__name__))
+        if isinstance(value, numpy.ndarray) or hasattr(value, 'device'):
+            cls._check_array(full, stored, value)
+        elif value is not None and len(stored.shape) != 0:
+            raise NpzMismatchError(
+                full, '{} is {}, expected a scalar ({})'.format(
+                    full, describe(stored), type(value).__name__))
 
     @staticmethod
     def _check_array(full, stored, value):

@@ -247,3 +247,32 @@ def test_archive_members_are_read_within_a_bound(tmp_path):
     with pytest.raises(DatasetFormatError, match='test_batch is 419430400 '
                        'bytes .at most 402653184 per file'):
         get_cifar('cifar10', str(archive))
+
+
+@pytest.mark.parametrize('removed', [('data_batch_1',),
+                                     ('data_batch_1', 'data_batch_2')])
+@pytest.mark.parametrize('as_archive', [False, True])
+def test_cifar10_with_a_batch_missing_below_the_highest_is_not_read(
+        tmp_path, removed, as_archive):
+    """A folder (or archive) holding data_batch_3 but not data_batch_1 is
+    what an interrupted extraction leaves, not a smaller CIFAR-10: it was
+    read as such without a word; now one line names what it lacks (the
+    files a run would record, cifar_files, say the same)."""
+    from ada_loss.datasets.cifar import cifar_files
+    folder, _ = make_cifar10(tmp_path / 'd')
+    for name in removed:
+        os.remove(os.path.join(folder, name))
+    root = folder
+    if as_archive:
+        root = str(tmp_path / 'cifar-10-python.tar.gz')
+        with tarfile.open(root, 'w:gz') as tar:
+            tar.add(folder, arcname='cifar-10-batches-py')
+    with pytest.raises(DatasetNotFoundError) as e:
+        get_cifar('cifar10', root)
+    text = str(e.value)
+    assert '\n' not in text
+    assert 'lacks {} beside data_batch_3'.format(', '.join(removed)) in text
+    if not as_archive:
+        with pytest.raises(DatasetNotFoundError, match='lacks ' +
+                           ', '.join(removed) + ' beside'):
+            cifar_files('cifar10', root)

@@ -357,3 +357,143 @@ def test_a_file_url_mirror(expect, cifar10, tmp_path):
     root = F.fetch('cifar10', tmp_path / 'root',
                    mirror='file://' + str(tmp_path / 'cache'))
     assert len(get_cifar('cifar10', root)[1]) == 4
+
+
+def _members_of(data, names):
+    import io
+    import tarfile
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {n: tar.extractfile('cifar-10-batches-py/' + n).read()
+                for n in names}
+
+
+@pytest.mark.parametrize('left', [
+    # an interrupted `tar -x` of the publisher's archive, whose members
+    # come data_batch_4, readme.html, test_batch, data_batch_3, ...
+    ('data_batch_4', 'test_batch'),
+    ('data_batch_4',),
+])
+@pytest.mark.parametrize('archive_there', [True, False])
+def test_a_half_extracted_folder_is_completed(server, expect, cifar10,
+                                              tmp_path, left, archive_there):
+    """A folder holding some of the publisher's files is not taken for the
+    data set: the archive is fetched (or the verified one there used) and
+    extracted into it, so that the loader reads every training batch."""
+    data, _ = cifar10
+    server.serve(CIFAR10, data)
+    expect(CIFAR10, data)
+    root = tmp_path / 'root'
+    (root / 'cifar-10-batches-py').mkdir(parents=True)
+    for name, content in _members_of(data, left).items():
+        (root / 'cifar-10-batches-py' / name).write_bytes(content)
+    if archive_there:
+        (root / CIFAR10).write_bytes(data)
+    F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
+    train, test = get_cifar('cifar10', str(root))
+    assert len(train) == 20 and len(test) == 4
+    assert sorted(os.listdir(root)) == ['cifar-10-batches-py', CIFAR10]
+    assert server.requests == ([] if archive_there else [CIFAR10])
+
+
+@pytest.mark.parametrize('kind', ['symlink', 'hardlink'])
+def test_an_archive_holding_links_is_refused(server, expect, cifar10,
+                                             tmp_path, kind):
+    """A link inside the folder to a sibling of it passes tarfile's 'data'
+    filter (it stays inside the temporary folder), but once the folder is
+    moved into ``root`` it reads a file of ``root`` outside the data's
+    folder: no link is extracted at all."""
+    import io
+    import tarfile
+    data, _ = cifar10
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode='w:gz') as tar, \
+            tarfile.open(fileobj=io.BytesIO(data)) as good:
+        for m in good.getmembers():
+            if m.name.endswith('/test_batch'):
+                link = tarfile.TarInfo(m.name)
+                link.type = (tarfile.SYMTYPE if kind == 'symlink'
+                             else tarfile.LNKTYPE)
+                link.linkname = ('../planted' if kind == 'symlink' else
+                                 'cifar-10-batches-py/data_batch_1')
+                tar.addfile(link)
+            else:
+                tar.addfile(m, good.extractfile(m) if m.isfile() else None)
+    bad = buf.getvalue()
+    server.serve(CIFAR10, bad)
+    expect(CIFAR10, bad)
+    root = tmp_path / 'root'
+    with pytest.raises(DatasetFetchError) as e:
+        F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
+    assert 'link' in _one_line(e.value)
+    assert os.listdir(root) == [CIFAR10]      # the verified archive only
+
+
+@pytest.mark.parametrize('timeout', [float('inf'), 1e300, float('nan'), 0])
+def test_a_timeout_no_socket_takes_is_refused_up_front(tmp_path, capsys,
+                                                       timeout):
+    """``--timeout inf`` (or 1e300) passed the check ``> 0`` and ended in
+    an OverflowError traceback from ``socket.settimeout``; now the command
+    line refuses it as it refuses 0, and ``fetch`` in one line, before any
+    connection or file."""
+    with pytest.raises(SystemExit) as e:
+        F.main(['cifar10', '--root', str(tmp_path / 'r'), '--mirror',
+                _refused_url(), '--timeout', repr(timeout)])
+    assert e.value.code == 2
+    assert '--timeout must be a number of seconds above 0 and at most' in \
+        capsys.readouterr().err
+    with pytest.raises(ValueError) as e:
+        F.fetch('cifar10', tmp_path / 'r', mirror=_refused_url(),
+                timeout=timeout)
+    assert 'timeout must be a number of seconds' in _one_line(e.value)
+    assert not (tmp_path / 'r').exists()
+
+
+def test_two_fetches_into_one_root_both_succeed(cifar10, tmp_path):
+    """Two fetches racing into one root both extract into temporary
+    folders; the one that renames second found the folder there and
+    failed ('Directory not empty'), though the data were complete. Now it
+    moves its files in (the same verified bytes)."""
+    from ada_loss.datasets import unpack
+    data, _ = cifar10
+    archive = tmp_path / CIFAR10
+    archive.write_bytes(data)
+    for _ in range(2):      # the second as the race's loser sees the root
+        unpack.unpack_folder(str(archive), str(tmp_path),
+                             'cifar-10-batches-py')
+    assert sorted(os.listdir(tmp_path)) == ['cifar-10-batches-py', CIFAR10]
+    assert len(get_cifar('cifar10', str(tmp_path))[0]) == 20
+
+
+def test_ctrl_c_while_completing_a_half_folder_leaves_it_incomplete(
+        server, expect, cifar10, tmp_path, monkeypatch):
+    """Ctrl-C after batches.meta and data_batch_1..3 were moved into a
+    folder that held data_batch_4 and a test batch: that folder would read
+    as CIFAR-10 with four batches of five, no gap to tell. The test batch
+    is taken out first and moved in last, so it reads as missing data;
+    the same command completes it."""
+    data, _ = cifar10
+    server.serve(CIFAR10, data)
+    expect(CIFAR10, data)
+    root = tmp_path / 'root'
+    (root / 'cifar-10-batches-py').mkdir(parents=True)
+    for name, content in _members_of(data, ('data_batch_4',
+                                            'test_batch')).items():
+        (root / 'cifar-10-batches-py' / name).write_bytes(content)
+    real, moved = os.replace, []
+
+    def interrupted(src, dst):     # Ctrl-C at the fifth file moved in
+        if len(moved) == 5:
+            raise KeyboardInterrupt
+        moved.append(os.path.basename(dst))
+        real(src, dst)
+    monkeypatch.setattr(os, 'replace', interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
+    monkeypatch.setattr(os, 'replace', real)
+    assert moved[1:] == ['batches.meta', 'data_batch_1', 'data_batch_2',
+                         'data_batch_3']       # [0]: the archive's rename
+    with pytest.raises(DatasetNotFoundError):
+        get_cifar('cifar10', str(root))
+    assert sorted(os.listdir(root)) == ['cifar-10-batches-py', CIFAR10]
+    F.fetch('cifar10', root, mirror=server.url, timeout=TIMEOUT)
+    assert len(get_cifar('cifar10', str(root))[0]) == 20

@@ -116,3 +116,29 @@ def test_mismatched_weights_are_one_error(tmp_path, tiny_weights, change,
     text = str(e.value)
     assert text.startswith(path + ': ') and key in text and expect in text
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize('precision', ['float32', 'mixed16'])
+def test_a_lazily_initialized_weight_of_another_shape_is_one_error(
+        tmp_path, tiny_weights, precision):
+    """multibox/conf/0/W is created without its input channels (ChainerCV's
+    Multibox; VGG-16's first convolution in SSD300/512 likewise): loaded
+    into the model as built, it took whatever shape the file held -- here
+    18 input channels for 16, loaded without a word and initialize_params
+    passing, the error left to the first training step. The model's
+    parameters now have their shapes before the file is read."""
+    _, arrays = tiny_weights
+    arrays = dict(arrays)
+    key = 'multibox/conf/0/W'
+    out, cin, kh, kw = arrays[key].shape
+    arrays[key] = numpy.zeros((out, cin + 2, kh, kw), numpy.float32)
+    path = str(tmp_path / 'bad.npz')
+    numpy.savez(path, **arrays)
+    with pytest.raises(ValueError) as e:
+        build_ssd('ssd_tiny', 20, precision, pretrained_model=path,
+                  initialize=True)
+    assert str(e.value) == '{}: {} is float32 of shape ({}, {}, {}, {}), ' \
+        'expected {} of shape ({}, {}, {}, {})'.format(
+            path, key, out, cin + 2, kh, kw,
+            'float32' if precision == 'float32' else 'float16',
+            out, cin, kh, kw)

@@ -130,3 +130,39 @@ def test_detection_download_fetches_voc(monkeypatch, tmp_path):
         cfg = load(detection.Config, raw={'data': {'voc_root': root}})
         assert len(detection.voc_datasets(cfg.data)[0]) == 4
         assert len(server.requests) == 3
+
+
+def test_a_half_extracted_folder_is_refused_or_completed(
+        served, tiny_config, out_dir, tmp_path):
+    """What an interrupted ``tar -x`` of the publisher's archive leaves
+    (data_batch_4 and test_batch: its members come in that order) was read
+    as CIFAR-10, one batch of five, without a word; now it is missing data:
+    one error line naming the batches it lacks, and with data.download the
+    archive is fetched and extracted into it."""
+    import tarfile
+    data, _ = L.cifar10_tarball(n_per_batch=32)
+    root = tmp_path / 'cifar'
+    (root / 'cifar-10-batches-py').mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for name in ('data_batch_4', 'test_batch'):
+            (root / 'cifar-10-batches-py' / name).write_bytes(
+                tar.extractfile('cifar-10-batches-py/' + name).read())
+    path = tiny_config(grid={'datasets': ['cifar10']},
+                       data={'train_size': None, 'test_size': None})
+    argv = ['--config', path, '--out', out_dir, '--no-table', '--set',
+            'data.cifar_root=' + str(root)]
+    status, _, err = _run(argv)
+    assert status == 2
+    line, = [t for t in err.splitlines() if t.startswith('error:')]
+    assert 'lacks data_batch_1, data_batch_2, data_batch_3 beside ' \
+        'data_batch_4' in line
+    status, out, err = _run(argv + ['--set', 'data.download=true', '--set',
+                                    'data.mirror=' + served.url])
+    assert status == 0, err
+    assert served.requests == [CIFAR10]
+    runs = [os.path.join(d, 'run.json') for d, _, f in os.walk(out_dir)
+            if 'run.json' in f]
+    with open(runs[0]) as f:
+        files = json.load(f)['data']['files']
+    assert sorted(files) == ['batches.meta'] + [
+        'data_batch_%d' % i for i in range(1, 6)] + ['test_batch']

@@ -221,3 +221,62 @@ def test_files_recorded_are_the_files_read(tmp_path, monkeypatch):
     roots, files = data_files('digits', cfg)
     assert [os.path.basename(f) for f in files] == ['digits.csv.gz']
     assert os.path.isfile(files[0])
+
+
+def test_digest_sees_a_rewrite_whose_mtime_is_put_back(tmp_path):
+    """Same size, same modification time (``touch -r``), same inode: only
+    the status-change time tells; the digest is not the cached one."""
+    path = str(tmp_path / 'data_batch_1')
+    with open(path, 'wb') as f:
+        f.write(b'A' * 100)
+    first = provenance.file_sha256(path)
+    st = os.stat(path)
+    with open(path, 'r+b') as f:
+        f.write(b'B')
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == \
+        (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert provenance.file_sha256(path) != first
+
+
+@pytest.mark.parametrize('record', [
+    [], 'edited', {'roots': None, 'files': {}, 'fingerprint': 'f'},
+    {'roots': {}, 'files': {'data_batch_1': None}, 'fingerprint': 'f'},
+    {'roots': {}, 'files': None, 'fingerprint': 'f'}])
+def test_a_damaged_data_record_is_refused_in_one_line(cifar, out_dir,
+                                                      capsys, record):
+    """A ``data`` field not of the shape this code writes says nothing of
+    the data the run read: its reuse and continuation are refused, one
+    line naming it (they crashed with an AttributeError or TypeError)."""
+    _, _, path, folder = cifar
+    info = R.read_run(folder)
+    info['data'] = record
+    R.write_run(folder, info)
+    capsys.readouterr()
+    assert _run(path, out_dir) == 2
+    err = capsys.readouterr().err
+    assert "its run.json's data record is not one this code writes" in err
+    assert _run(path, out_dir, '--resume', '--set',
+                'train.max_iterations=4') == 2
+    assert "data record is not one" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('text', ['[]', '"finished"', '3'])
+def test_a_run_json_that_is_no_object_is_no_record(cifar, out_dir, capsys,
+                                                   text):
+    """run.json holding valid JSON of another shape crashed every rerun
+    (AttributeError: 'str' object has no attribute 'get'); it is now what
+    invalid JSON already was: no record of the run."""
+    _, _, path, folder = cifar
+    with open(os.path.join(folder, R.RUN_JSON), 'w') as f:
+        f.write(text)
+    assert R.read_run(folder) is None
+    capsys.readouterr()
+    status = _run(path, out_dir)
+    captured = capsys.readouterr()
+    assert 'Traceback' not in captured.err
+    # as with invalid JSON: a run with snapshots and no record, one line
+    assert status == 2
+    assert 'unfinished (run.json missing); --resume continues it' in \
+        captured.err

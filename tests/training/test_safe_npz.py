@@ -213,3 +213,98 @@ def test_a_member_of_another_shape_is_refused_from_its_header(tmp_path):
         load_npz(path, _model(1))
     assert str(e.value) == '{}: 0/W is float32 of shape (1000000000,), ' \
         'expected float32 of shape (4, 3)'.format(path)
+
+
+@pytest.mark.parametrize('member', ['1/N.npy', '1/N'])
+def test_a_scalar_key_holding_an_array_is_refused_from_its_header(
+        tmp_path, member):
+    """A scalar the target holds (BatchNormalization's ``N``) is checked
+    from its header as arrays are: a member there declaring 10^9 bytes
+    (1 GB once decompressed; its data cut to 8 bytes here, which reading
+    would fail on differently) is refused by its shape before its data
+    are read -- also under the member name without ``.npy``, which NumPy
+    reads as an array just the same."""
+    from numpy.lib import format as npy_format
+    arrays = _arrays(_model())
+    path = str(tmp_path / 'm.npz')
+    with zipfile.ZipFile(path, 'w') as z:
+        for k, v in arrays.items():
+            if k != '1/N':
+                with z.open(k + '.npy', 'w') as f:
+                    numpy.lib.format.write_array(f, v)
+        with z.open(member, 'w') as f:
+            npy_format.write_array_header_1_0(f, {
+                'descr': '|u1', 'fortran_order': False,
+                'shape': (10 ** 9,)})
+            f.write(b'\0' * 8)
+    with pytest.raises(NpzMismatchError) as e:
+        load_npz(path, _model(1))
+    assert str(e.value) == '{}: 1/N is uint8 of shape (1000000000,), ' \
+        'expected a scalar (int)'.format(path)
+
+
+def test_a_member_that_is_no_array_is_refused_before_it_is_read(tmp_path):
+    """A member that is not a ``.npy`` (NumPy's NpzFile gives its bytes,
+    decompressed whole) is refused by its name, unread: a 64 MiB member
+    compressed to 64 KiB allocates nothing of its size."""
+    import tracemalloc
+    arrays = _arrays(_model())
+    path = str(tmp_path / 'm.npz')
+    with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
+        for k, v in arrays.items():
+            if k != '0/W':
+                with z.open(k + '.npy', 'w') as f:
+                    numpy.lib.format.write_array(f, v)
+        z.writestr('0/W', b'\0' * (64 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as e:
+            load_npz(path, _model(1))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(e.value) == '{}: 0/W is not a NumPy array'.format(path)
+    assert peak < 16 << 20, peak
+
+
+def _snapshot_with(path, member, data, **kw):
+    with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
+        with z.open('updater/iteration.npy', 'w') as f:
+            numpy.lib.format.write_array(f, numpy.array(3))
+        with z.open(member, 'w', **kw) as f:
+            f.write(data)
+    return path
+
+
+def test_checking_a_snapshot_holds_no_whole_array(tmp_path):
+    """check_snapshot reads every member for its CRC before the dry run:
+    it read each into an array, so a 64 MiB member of zeros (64 KiB in the
+    file) cost 64 MiB before its shape was ever compared; now it is
+    streamed, a chunk at a time."""
+    import tracemalloc
+    from ada_loss.training.snapshot import check_snapshot
+    buf = io.BytesIO()
+    numpy.lib.format.write_array(buf, numpy.zeros(64 << 20, numpy.uint8))
+    path = _snapshot_with(str(tmp_path / 'snapshot_latest'),
+                          'updater/model:main/predictor/W.npy',
+                          buf.getvalue())
+    assert os.path.getsize(path) < 1 << 20
+    tracemalloc.start()
+    try:
+        assert check_snapshot(path) is None     # intact; its shape is
+        peak = tracemalloc.get_traced_memory()[1]   # the dry run's matter
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+
+
+def test_a_snapshot_member_shorter_than_its_header_is_damaged(tmp_path):
+    from numpy.lib import format as npy_format
+    from ada_loss.training.snapshot import check_snapshot
+    buf = io.BytesIO()
+    npy_format.write_array_header_1_0(buf, {
+        'descr': '<f4', 'fortran_order': False, 'shape': (10 ** 6,)})
+    path = _snapshot_with(str(tmp_path / 'snapshot_latest'), 'x/W.npy',
+                          buf.getvalue() + b'\0' * 8)
+    problem = check_snapshot(path)
+    assert problem is not None and 'x/W' in problem and '\n' not in problem

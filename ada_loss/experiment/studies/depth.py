@@ -309,12 +309,27 @@ def _reused(path):
     return out
 
 
+def _fixed_scale(mode):
+    """The scale of a ``fixed:S`` mode text (inf for any other mode)."""
+    if not mode.startswith('fixed:'):
+        return float('inf')
+    return float(mode.split(':')[1])
+
+
+def _ascending(items):
+    """``(mode, value)`` items of fixed modes by ascending scale: where two
+    scales tie, the first met -- the smaller -- is kept, whatever order
+    the runs came in (a config's grid order, or results.json's, whose keys
+    sort as text: fixed:16 before fixed:4)."""
+    return sorted(items, key=lambda kv: _fixed_scale(kv[0]))
+
+
 @functools.lru_cache(maxsize=4)
 def chosen_scales(path):
     """{(precision, model): 'S'}: per depth and precision, the fixed scale
     with the best mean final accuracy over the runs of a results.json (the
     precision's and the mode's canonical text). As in
-    :func:`held_out_fixed`, a tie keeps the scale met first and a scale
+    :func:`held_out_fixed`, a tie keeps the smaller scale and a scale
     with a run that did not finish is no candidate — here on any seed of
     the file (there is no scored seed among them)."""
     sweep = collections.defaultdict(collections.OrderedDict)
@@ -327,7 +342,7 @@ def chosen_scales(path):
         split = SPLIT_KEYS[selection_split(
             [r for rs in modes.values() for r in rs])]
         best = None
-        for mode, rs in modes.items():
+        for mode, rs in _ascending(modes.items()):
             accs = [_accuracy(r, split) for r in rs]
             if None in accs:
                 continue
@@ -418,7 +433,8 @@ def held_out_fixed(runs, precision, model, chosen=None):
     images it is scored on — scored on this seed — or, with ``chosen`` ({(precision, model):
     'S'}, :func:`chosen_scales` of other seeds' runs), that scale on every
     seed (a confirmation on seeds the scale was not chosen on). Returns
-    ({seed: run dict}, {seed: S})."""
+    ({seed: run dict}, {seed: S}). Of scales whose means tie, the smaller
+    is chosen."""
     sweep = {mode: {r['seed']: r for r in rs}
              for (p, m, mode), rs in runs.items()
              if p == precision and m == model and mode.startswith('fixed:')}
@@ -432,7 +448,7 @@ def held_out_fixed(runs, precision, model, chosen=None):
     chosen, scales = {}, {}
     for seed in seeds:
         best = None
-        for mode, by_seed in sweep.items():
+        for mode, by_seed in _ascending(sweep.items()):
             others = [_accuracy(r, split) for s, r in by_seed.items()
                       if s != seed]
             if not others or None in others or seed not in by_seed:
@@ -706,11 +722,12 @@ def _mode_order(mode):
 
 def best_fixed(runs, precision, model):
     """(mode, stats) of the fixed scale with the best mean among those
-    none of whose runs diverged, or (None, None); ``runs`` as
-    :func:`collect` returns them."""
+    none of whose runs diverged (a tie: the smaller scale), or (None,
+    None); ``runs`` as :func:`collect` returns them."""
     best = (None, None)
     precision = str(precision)
-    for (p, m, mode), rs in runs.items():
+    for (p, m, mode), rs in sorted(runs.items(), key=lambda kv: (
+            _fixed_scale(kv[0][2]), kv[0])):
         if p != precision or m != model or not mode.startswith('fixed:'):
             continue
         s = stats(rs)
