@@ -772,10 +772,18 @@ class _Reader(object):
             raise UnsafePickleError('gives an array the shape {}, expected a '
                                     'tuple of sizes'.format(_short(shape)))
         raw = self.raw(raw, 'an array')
-        size = 1
+        size = span = 1
         for n in shape:
             size *= n
+            span *= max(n, 1)
         nbytes = size * dtype.itemsize
+        if span * dtype.itemsize > MAX_ARRAY_BYTES:
+            # an empty array's other axes too: NumPy refuses to make
+            # (0, 2**27, 2**27, 2**27) at all (ValueError, not a refusal)
+            raise UnsafePickleError(
+                'gives a {} array the shape {}, more than {} bytes were its '
+                'empty axes of length 1'.format(dtype, _short(shape),
+                                                MAX_ARRAY_BYTES))
         if not dtype.itemsize:
             raise UnsafePickleError('gives an array the unsized dtype {} '
                                     '(NumPy writes S1 or U1 at least)'.format(
@@ -922,6 +930,12 @@ def check_plain(obj, max_payload=None):
             payload += counts[1]
             depth = max(depth, counts[2])
         _within(elements, payload, max_payload)
+        if depth + 1 > MAX_DEPTH:
+            # the nesting below node, through objects measured before
+            # (met shallow first, as [x_n, ..., x_1] meets the chain x_i):
+            # the path walked alone does not bound it
+            raise UnsafePickleError('nests deeper than {} levels'.format(
+                MAX_DEPTH))
         path.discard(key)
         measured[key] = (elements, payload, depth + 1)
         keep.append(node)
