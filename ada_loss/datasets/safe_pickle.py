@@ -246,7 +246,11 @@ def validate(data):
     stored = bytearray(len(data) // 8 + 1)
     n_stored = 0
     memo_size = 0
-    texts = {}              # memo index -> text constant stored there
+    # memo index -> the text constant stored there, or None: a list (8
+    # bytes a slot, an index is less than the opcodes so far), not a dict
+    # of int keys (a dict entry and an int per MEMOIZE byte: 77 bytes a
+    # byte of file)
+    texts = []
     # the values the last two stack-changing opcodes pushed, if they were
     # text constants (None: anything else): STACK_GLOBAL's two names
     last = before = None
@@ -285,17 +289,17 @@ def validate(data):
                 stored[index >> 3] |= bit
                 n_stored += 1
                 memo_size = max(memo_size, index + 1)
-            if last is not None:
+            if last is not None and index >= len(texts):
+                texts.extend([None] * (index + 1 - len(texts)))
+            if index < len(texts):
                 texts[index] = last
-            else:
-                texts.pop(index, None)
         elif kind == _GET:
             if not (0 <= arg < count
                     and stored[arg >> 3] & (1 << (arg & 7))):
                 raise DatasetFormatError(
                     'not a readable pickle (fetches memo entry {} at byte {}, '
                     'never stored)'.format(_short(arg), pos))
-            before, last = last, texts.get(arg)
+            before, last = last, (texts[arg] if arg < len(texts) else None)
         elif kind == _GLOBAL:
             if arg is None:
                 # STACK_GLOBAL: the two names must be the file's own text
