@@ -211,6 +211,10 @@ def parse_precision(text):
     base, colon, arg = key.partition(':')
     if base in _MX or base == 'nvfp4' or (colon and base in _NAMED and
                                           base != 'bf16'):
+        if base == 'nvfp4':
+            # its layer names keep their case (Chainer's link names are
+            # case-sensitive): the options as written, not the key
+            arg = text.strip().partition(':')[2]
         try:
             return _scaled(base, arg)
         except ValueError as e:
@@ -323,7 +327,22 @@ def _scaled(base, arg):
 def _nvfp4(arg):
     """``nvfp4`` and its options (module docstring); the canonical name
     lists the parts switched off, then the BF16 layers, then ``out``."""
-    o = _options(arg, _NVFP4_OPTIONS)
+    items = []
+    for item in arg.split(','):
+        k, eq, v = item.partition('=')
+        if eq and k.strip().lower() == 'bf16':
+            # link names as written, each stripped: 'conv1+fc None' is
+            # refused, not the layer 'fcnone'
+            names = [n.strip() for n in v.split('+')]
+            for n in names:
+                if any(c.isspace() for c in n):
+                    raise ValueError('bf16 layer {!r}: a layer path has no '
+                                     'spaces (e.g. bf16=conv1+fc)'.format(n))
+            items.append('bf16=' + '+'.join(names))
+        else:
+            # other option names and values: case and spaces ignored
+            items.append(item.lower().replace(' ', ''))
+    o = _options(','.join(items), _NVFP4_OPTIONS)
     # a set of layers: sorted, so that one recipe has one canonical name
     layers = tuple(sorted(set(filter(None, o.get('bf16', '').split('+')))))
     recipe = make_recipe(

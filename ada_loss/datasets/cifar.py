@@ -384,8 +384,9 @@ def _parse_batch(obj, label_key, n_classes, where):
     if labels.shape != (len(data),) or (labels.size
                                         and labels.dtype.kind not in 'iu'):
         raise DatasetFormatError('{}: {!r} must be {} integers (one per row), '
-                                 'got shape {}'.format(where, label_key,
-                                                       len(data), labels.shape))
+                                 'got shape {} of dtype {}'.format(
+                                     where, label_key, len(data),
+                                     labels.shape, labels.dtype))
     if labels.size and (labels.min() < 0 or labels.max() >= n_classes):
         raise DatasetFormatError('{}: {!r} must lie in [0, {}), got [{}, {}]'
                                  .format(where, label_key, n_classes,

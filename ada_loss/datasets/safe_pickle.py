@@ -53,7 +53,8 @@ nothing of the file is handed to ``pickle`` or to a NumPy constructor.
    1 MiB), so memo references cannot multiply a payload.
 3. **The result is measured as a consumer walking it would meet it**, each
    memo reference counted in full but every object visited once (linear,
-   however it is shared): at most :data:`MAX_ELEMENTS` objects, payload
+   however it is shared; the walk holds its path and a record of each
+   container fetched from the memo, the only ones met twice): at most :data:`MAX_ELEMENTS` objects, payload
    (text, bytes, array bytes) within :func:`payload_bound`, nesting at most
    :data:`MAX_DEPTH`, no cycle, and only the plain types above (no dtype,
    no array whose state was never set).
@@ -246,7 +247,11 @@ def validate(data):
     stored = bytearray(len(data) // 8 + 1)
     n_stored = 0
     memo_size = 0
-    texts = {}              # memo index -> text constant stored there
+    # memo index -> the text constant stored there, or None: a list (8
+    # bytes a slot, an index is less than the opcodes so far), not a dict
+    # of int keys (a dict entry and an int per MEMOIZE byte: 77 bytes a
+    # byte of file)
+    texts = []
     # the values the last two stack-changing opcodes pushed, if they were
     # text constants (None: anything else): STACK_GLOBAL's two names
     last = before = None
@@ -285,17 +290,17 @@ def validate(data):
                 stored[index >> 3] |= bit
                 n_stored += 1
                 memo_size = max(memo_size, index + 1)
-            if last is not None:
+            if last is not None and index >= len(texts):
+                texts.extend([None] * (index + 1 - len(texts)))
+            if index < len(texts):
                 texts[index] = last
-            else:
-                texts.pop(index, None)
         elif kind == _GET:
             if not (0 <= arg < count
                     and stored[arg >> 3] & (1 << (arg & 7))):
                 raise DatasetFormatError(
                     'not a readable pickle (fetches memo entry {} at byte {}, '
                     'never stored)'.format(_short(arg), pos))
-            before, last = last, texts.get(arg)
+            before, last = last, (texts[arg] if arg < len(texts) else None)
         elif kind == _GLOBAL:
             if arg is None:
                 # STACK_GLOBAL: the two names must be the file's own text
@@ -427,6 +432,9 @@ class _Reader(object):
         # fetched, less than memo_size); no dict of int keys
         self.memo = [_UNSET] * self.memo_size
         self.memo_len = 0
+        # ids of the containers fetched from the memo: the only ones a
+        # pickle of these opcodes (no DUP) puts in the result twice
+        self.shared = set()
         ops = self._OPS
         for op, arg, pos in _opcodes(self.data):
             name = op.name
@@ -549,6 +557,8 @@ class _Reader(object):
             raise KeyError(arg)
         if type(value) is _Array and value.array is not None:
             value = value.array
+        elif type(value) in (list, dict, tuple):
+            self.shared.add(id(value))
         self.stack.append(value)
 
     def global_(self, arg, pos):
@@ -772,10 +782,18 @@ class _Reader(object):
             raise UnsafePickleError('gives an array the shape {}, expected a '
                                     'tuple of sizes'.format(_short(shape)))
         raw = self.raw(raw, 'an array')
-        size = 1
+        size = span = 1
         for n in shape:
             size *= n
+            span *= max(n, 1)
         nbytes = size * dtype.itemsize
+        if span * dtype.itemsize > MAX_ARRAY_BYTES:
+            # an empty array's other axes too: NumPy refuses to make
+            # (0, 2**27, 2**27, 2**27) at all (ValueError, not a refusal)
+            raise UnsafePickleError(
+                'gives a {} array the shape {}, more than {} bytes were its '
+                'empty axes of length 1'.format(dtype, _short(shape),
+                                                MAX_ARRAY_BYTES))
         if not dtype.itemsize:
             raise UnsafePickleError('gives an array the unsized dtype {} '
                                     '(NumPy writes S1 or U1 at least)'.format(
@@ -868,14 +886,21 @@ def _children(obj):
         yield from obj
 
 
-def check_plain(obj, max_payload=None):
+def check_plain(obj, max_payload=None, shared=None):
     """Raises UnsafePickleError unless ``obj`` is made of lists, tuples,
     dicts, text, numbers and NumPy arrays / scalars of plain dtypes, with
     no cycle, nested at most :data:`MAX_DEPTH` deep, of at most
     :data:`MAX_ELEMENTS` objects and ``max_payload`` payload bytes (default
     :func:`payload_bound` of :data:`MAX_FILE_BYTES`) counting every
     reference in full. Each object is visited once: linear in the objects
-    and references, however they are shared."""
+    and references, however they are shared.
+
+    ``shared``: the ids of the containers that may be referenced more than
+    once (the reader's: those fetched from the memo, the only way a pickle
+    of the admitted opcodes refers to one object twice); only these are
+    remembered once measured, so the walk holds the path (at most
+    :data:`MAX_DEPTH` containers) and the shared ones, not a record per
+    container. None: every container may be shared."""
     if max_payload is None:
         max_payload = payload_bound(MAX_FILE_BYTES)
     payload = _leaf_payload(obj)
@@ -884,47 +909,64 @@ def check_plain(obj, max_payload=None):
             raise UnsafePickleError('holds {} bytes (at most {})'.format(
                 payload, max_payload))
         return
-    measured = {}       # id -> (elements, payload, depth) of a container
-    path = set()        # ids of the containers being visited: a cycle
+    measured = {}       # id -> (elements, payload, height) of a shared one
     keep = []           # the measured, alive (ids stay unique)
-    todo = [(obj, None)]
-    while todo:
-        node, partial = todo.pop()
-        key = id(node)
-        if partial is None:             # entering node
-            if key in measured:
+    path = set()        # ids of the containers being visited: a cycle
+    # the path: [container, its children left, elements, payload, height
+    # of its tallest child]
+    frames = []
+
+    def enter(node):
+        if len(frames) >= MAX_DEPTH:
+            raise UnsafePickleError('nests deeper than {} levels'.format(
+                MAX_DEPTH))
+        path.add(id(node))
+        frames.append([node, _children(node), 1, 0, 0])
+
+    enter(obj)
+    while frames:
+        frame = frames[-1]
+        for child in frame[1]:
+            leaf = _leaf_payload(child)
+            if leaf is not None:
+                frame[2] += 1
+                frame[3] += leaf
                 continue
-            if len(path) >= MAX_DEPTH:
+            key = id(child)
+            if key in path:
+                raise UnsafePickleError('holds a container that contains '
+                                        'itself')
+            counts = measured.get(key)
+            if counts is None:
+                enter(child)
+                break
+            # a shared container met again: counted in full, not walked
+            frame[2] += counts[0]
+            frame[3] += counts[1]
+            frame[4] = max(frame[4], counts[2])
+            _within(frame[2], frame[3], max_payload)
+        else:                           # leaving the container
+            frames.pop()
+            node, _, elements, payload, height = frame
+            height += 1
+            _within(elements, payload, max_payload)
+            if height > MAX_DEPTH:
+                # the nesting below node, through shared containers
+                # measured before (met shallow first, as [x_n, ..., x_1]
+                # meets the chain x_i): the path walked alone does not
+                # bound it
                 raise UnsafePickleError('nests deeper than {} levels'.format(
                     MAX_DEPTH))
-            path.add(key)
-            elements, payload, inner = 1, 0, []
-            for child in _children(node):
-                leaf = _leaf_payload(child)
-                if leaf is not None:
-                    elements += 1
-                    payload += leaf
-                elif id(child) in path:
-                    raise UnsafePickleError('holds a container that contains '
-                                            'itself')
-                else:
-                    inner.append(child)
-            _within(elements, payload, max_payload)
-            todo.append((node, (elements, payload, inner)))
-            todo.extend((child, None) for child in inner
-                        if id(child) not in measured)
-            continue
-        elements, payload, inner = partial     # leaving node
-        depth = 0
-        for child in inner:
-            counts = measured[id(child)]
-            elements += counts[0]
-            payload += counts[1]
-            depth = max(depth, counts[2])
-        _within(elements, payload, max_payload)
-        path.discard(key)
-        measured[key] = (elements, payload, depth + 1)
-        keep.append(node)
+            key = id(node)
+            path.discard(key)
+            if shared is None or key in shared:
+                measured[key] = (elements, payload, height)
+                keep.append(node)
+            if frames:
+                parent = frames[-1]
+                parent[2] += elements
+                parent[3] += payload
+                parent[4] = max(parent[4], height)
 
 
 def _within(elements, payload, max_payload):
@@ -955,8 +997,9 @@ def loads(data, encoding='latin1'):
             raise DatasetFormatError('not a pickle: a {}, expected bytes'
                                      .format(type(data).__name__)) from e
     memo_size = validate(data)
-    obj = _Reader(data, encoding, memo_size).read()
-    check_plain(obj, payload_bound(len(data)))
+    reader = _Reader(data, encoding, memo_size)
+    obj = reader.read()
+    check_plain(obj, payload_bound(len(data)), reader.shared)
     return obj
 
 

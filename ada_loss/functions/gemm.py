@@ -163,10 +163,24 @@ class ScaledOutput(object):
 
 
 def _times(grads, scale):
-    """Gradient Variables times a power-of-two number ``scale``."""
+    """Gradient Variables times a power-of-two number ``scale``, the exact
+    product rounded once (as :func:`~ada_loss.functions.scales.scaled`)."""
     if is_device_scalar(scale) or scale == 1:
         return grads
-    return tuple(None if g is None else g * scale for g in grads)
+    return tuple(None if g is None else _times_one(g, scale) for g in grads)
+
+
+def _times_one(g, scale):
+    with numpy.errstate(over='ignore', under='ignore'):
+        held = float(g.dtype.type(scale)) == scale
+    if held:
+        return g * scale
+    # Chainer's g * scale casts the constant to g's dtype first: 2^130 is
+    # inf in float32, 2^20 in float16, 2^-150 is 0. In float64 the product
+    # of a float32 (or float16) value and any power of two a double holds
+    # is exact; cast back, it is rounded once.
+    F = chainer.functions
+    return F.cast(F.cast(g, numpy.float64) * scale, g.dtype)
 
 
 def round_to_format(y, fmt, scale=1):

@@ -200,6 +200,14 @@ def test_malformed_files(tmp_path):
     with pytest.raises(DatasetFormatError, match='one per row'):
         get_cifar('cifar10', folder)
 
+    # integers NumPy cannot hold in one integer dtype (NumPy 2: float64):
+    # the message said "got shape (3,)", the right shape
+    _dump(batch, {'data': _rows(3, 0), 'labels': [-1, 2 ** 64 - 1, 0]},
+          bytes_keys=False)
+    with pytest.raises(DatasetFormatError,
+                       match=r'got shape \(3,\) of dtype (float64|object)'):
+        get_cifar('cifar10', folder)
+
     _dump(batch, {'data': _rows(3, 0), 'labels': [0, 1, 10]},
           bytes_keys=False)
     with pytest.raises(DatasetFormatError, match=r'\[0, 10\)'):

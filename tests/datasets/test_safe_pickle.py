@@ -530,7 +530,8 @@ def test_mutated_cifar_pickles_are_refused_or_plain(data):
 
 
 @pytest.mark.parametrize('name', ['nones', 'lists', 'dicts', 'marks', 'chain',
-                                  'gets', 'puts', 'memoize'])
+                                  'gets', 'puts', 'memoize',
+                                  'text_memoize'])
 def test_one_mib_worst_cases_stay_within_the_bounds(name):
     # a 1 MiB file of the cheapest opcodes, each building what costs most
     # (memory: an empty list or dict, a mark or a memo entry per byte; the
@@ -546,6 +547,9 @@ def test_one_mib_worst_cases_stay_within_the_bounds(name):
         'puts': b'N' + b''.join(b'r' + struct.pack('<I', i)
                                 for i in range(n // 5 - 1)),
         'memoize': b'N' + b'\x94' * (n - 1),
+        # a memo entry per byte that pass 1 remembers as text (a possible
+        # STACK_GLOBAL name): 77 bytes a byte when it was a dict of int keys
+        'text_memoize': b'\x8c\x00' + b'\x94' * (n - 2),
     }[name] + b'.'
     if settings.default.max_examples < 100000:
         data = data[:2 ** 16] + b'.'       # the same shape, 64 KiB
@@ -558,4 +562,40 @@ def test_one_mib_worst_cases_stay_within_the_bounds(name):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+    assert peak < TRACED_PER_BYTE * len(data) + TRACED_FLOOR, peak
+
+
+def test_pass_one_remembers_memo_texts_in_a_list():
+    # found by the review of the redesign: pass 1 kept the text constants
+    # of the memo (STACK_GLOBAL's names) in a dict of int keys, a dict
+    # entry and an int per MEMOIZE byte after a text: 77 bytes a byte, 81
+    # MiB for 1 MiB (within 80 a byte + 4 MiB, but above the docstring's
+    # 72 MiB); a list slot is 8
+    data = b'\x80\x04\x8c\x00' + b'\x94' * (2 ** 17) + b'.'
+    tracemalloc.start()
+    try:
+        safe_pickle.validate(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * len(data) + 2 ** 20, peak
+
+
+@pytest.mark.parametrize('name', ['dicts', 'lists'])
+def test_a_list_of_empty_containers_is_measured_within_the_bound(name):
+    # found by the review of the redesign: pass 3 kept a memo entry, a
+    # work item and partial sums for every container of the result, not
+    # only for those the file shares (fetched from the memo): a list of
+    # 128 Ki empty dicts, one byte each, took 238 bytes a byte (a 1 MiB
+    # file: ~250 MiB traced, the bound 84 MiB)
+    n = 2 ** 17
+    data = b'\x80\x02](' + {'dicts': b'}', 'lists': b']'}[name] * n + \
+        b'e.'
+    tracemalloc.start()
+    try:
+        obj = safe_pickle.loads(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(obj) == n
     assert peak < TRACED_PER_BYTE * len(data) + TRACED_FLOOR, peak

@@ -279,3 +279,50 @@ def test_text_beyond_unicode_is_refused(what):
     else:
         payload = batch(array((2,), u1, b'A\0\0\0\xff\xff\xff\xff'))
     refused(payload, 'code point above U.10FFFF')
+
+
+# -- found by the review of the redesign (issue 50) ---------------------------
+def test_an_empty_array_with_huge_axes_is_refused_not_a_valueerror():
+    # shape (0, 2^27, 2^27, 2^27): zero bytes, but NumPy refuses to make
+    # it (ValueError "array is too big"), which escaped the reader as
+    # neither a DatasetFormatError nor a refusal
+    u1 = dtype('u1') + dtype_state(NONE, NONE, NONE, -1, -1, 0)
+    payload = batch(array((0, 2 ** 27, 2 ** 27, 2 ** 27), u1, b''))
+    assert len(payload) < 250
+    refused(payload, 'shape')
+
+
+def long_put(i):
+    return b'r' + struct.pack('<I', i)      # LONG_BINPUT
+
+
+def long_get(i):
+    return b'j' + struct.pack('<I', i)      # LONG_BINGET
+
+
+def shared_chain_batch(levels):
+    """x_1 = (), x_{i+1} = (x_i,) through the memo, then the list
+    [x_n, ..., x_1] (each shallow where the walk first meets it, from x_1
+    up) beside x_n: ``levels`` deep."""
+    chain = EMPTY_TUPLE + long_put(1) + b''.join(
+        TUPLE1 + long_put(i) for i in range(2, levels + 1))
+    return batch(chain + MARK + b''.join(long_get(i) for i in
+                                         range(levels, 0, -1)) +
+                 LIST + TUPLE2)
+
+
+EMPTY_TUPLE = b')'
+
+
+def test_nesting_through_shared_references_is_bounded():
+    # the walk measured each object once and bounded only the path it
+    # walked: objects it met shallow first (x_1, x_2, ... in the list)
+    # were never re-measured deep, so 1,000 levels passed MAX_DEPTH (32)
+    payload = shared_chain_batch(1000)
+    assert len(payload) < 12000
+    refused(payload, 'nests deeper than 32 levels', seconds=2)
+    # at the bound itself the file loads (dict, tuple, list, x_29: 32
+    # levels), one more is refused
+    obj = safe_pickle.loads(shared_chain_batch(29))
+    assert len(obj['data'][1]) == 29
+    refused(shared_chain_batch(30), 'nests deeper than 32 levels')

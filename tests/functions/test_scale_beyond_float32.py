@@ -76,3 +76,24 @@ def test_scaled_is_the_exact_product_rounded_once(values, k):
         ref = np.ldexp(a, k)
     assert got.dtype == np.float32
     assert np.array_equal(got, ref), (values, k)
+
+
+@pytest.mark.parametrize('dtype, k, g, want', [
+    (np.float32, 130, [2.0 ** -140, 0.0], [2.0 ** -10, 0.0]),
+    (np.float32, -150, [2.0 ** 100, -1.0], [2.0 ** -50, -0.0]),
+    # a scale beyond float16's range (2^20 is inf in float16)
+    (np.float16, 20, [2.0 ** -20, 0.0], [1.0, 0.0]),
+    (np.float16, -30, [2.0 ** 15, 1.0], [2.0 ** -15, 0.0]),
+])
+def test_double_backward_of_a_scaled_node_beyond_the_dtype(dtype, k, g, want):
+    """The backward of a node producing ``scale · f`` (BiasGrad here, and
+    every ScaledOutput GEMM) multiplies the incoming gradient by the scale:
+    Chainer's ``g * scale`` casts the constant to g's dtype first (2^130
+    is inf in float32: [Inf, NaN] instead of [2^-10, 0])."""
+    gy = chainer.Variable(np.zeros((1, 2), dtype))
+    gb, = BiasGrad(0, None, 2.0 ** k).apply((gy,))
+    ggy, = chainer.grad([gb], [gy], grad_outputs=[
+        chainer.Variable(np.array(g, dtype))])
+    assert ggy.dtype == dtype
+    assert ggy.array.tolist() == [want]
+    assert np.signbit(ggy.array).tolist() == [np.signbit(want).tolist()]

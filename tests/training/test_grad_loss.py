@@ -406,3 +406,31 @@ def test_grad_loss_against_the_unscaled_precision():
     assert (gWl[0, 0], gW8[0, 0]) == (4.0625, 4.0)
     assert (gxl[0, 1], gx8[0, 1]) == (1.0625, 1.0)
     assert (gbl[1], gb8[1]) == (1.0625, 1.0)
+
+
+def test_grad_loss_bias_gradient_skips_the_incoming_cast():
+    """docs/precisions.md: the incoming gradient's E4M3 cast is shared by
+    gx and gW only; the bias gradient under the recipe (grad=loss or not)
+    is summed from the gradient before its cast (TE's dbias, fused with
+    the cast, reads the high-precision gradient), while fp8_e4m3 sums the
+    cast one. With fixed:4 and 4·gy = 1.19 (E4M3: 1.25) in three rows:
+    gb 0.8925 (= 3·1.19/4) vs 0.9375 (= 3·1.25/4), gW 0.9375 in both."""
+    e4m3 = get_format('fp8_e4m3')
+    gy = np.full((3, 1), 0.2975, F32)
+    cast = e4m3.quantize(4 * gy)
+    assert cast[0, 0] == 1.25
+    got = {}
+    for precision in ('fp8_e4m3', 'fp8_e4m3:recipe=current,grad=loss'):
+        layer = AL.Linear(1, 1)
+        layer.W.array[...] = 1.0
+        layer.b.array[...] = 0.0
+        x = chainer.Variable(np.ones((3, 1), F32))
+        apply_precision(layer, precision)
+        scaling = make_loss_scaling('fixed:4', precision)
+        scaling.bind(layer)
+        layer.cleargrads()
+        scaling.backward(F.sum(layer(x) * gy))
+        got[precision] = (layer.b.grad[0] / 4, layer.W.grad[0, 0] / 4)
+    assert got['fp8_e4m3'] == (cast.sum() / 4, cast.sum() / 4)
+    assert got['fp8_e4m3:recipe=current,grad=loss'] == (
+        F32((4 * gy).sum()) / 4, cast.sum() / 4)

@@ -388,3 +388,34 @@ def test_nvfp4_bf16_outputs():
         assert np.array_equal(bf16.quantize(a), a)
     assert not np.array_equal(get_format('fp8_e4m3').quantize(h.array),
                               h.array)
+
+
+class _CasedNet(chainer.Chain):
+    """Link names are case-sensitive: ``FC`` and ``fc`` are two layers."""
+
+    def __init__(self):
+        super(_CasedNet, self).__init__()
+        with self.init_scope():
+            self.Conv1 = Net().conv
+            self.FC = Net().fc
+
+
+def test_bf16_layer_names_keep_their_case():
+    # the precision text was lower-cased whole: 'nvfp4:bf16=Conv1+FC'
+    # named layers conv1 and fc, which this model lacks, and two spellings
+    # of two layer sets printed one text
+    p = parse_precision('NVFP4:BF16=FC+Conv1,Out=BF16')
+    assert p.recipe.bf16_layers == ('Conv1', 'FC')
+    assert p.name == 'nvfp4:bf16=Conv1+FC,out=bf16'
+    assert parse_precision(p.name) == p
+    assert parse_precision('nvfp4:bf16=conv1+fc').name != p.name
+    model = _CasedNet()
+    apply_precision(model, 'nvfp4:bf16=FC')
+    bf16 = get_format('bfloat16')
+    assert model.FC.gemm_formats == (bf16, bf16)
+    assert model.Conv1.gemm_scaling is not None
+    # a space inside a name is refused, not joined ('fc None' -> 'fcnone')
+    with pytest.raises(ValueError, match="bf16 layer 'fc None'"):
+        parse_precision('nvfp4:bf16=conv1+fc None')
+    assert parse_precision('nvfp4:bf16= conv1 + fc ').name == \
+        'nvfp4:bf16=conv1+fc'
