@@ -54,6 +54,7 @@ import chainer
 import numpy
 
 from ada_loss import atomic
+from ada_loss.adaptive.backward import slice_ratio
 from ada_loss.analysis import grad_stats
 from ada_loss.analysis.observing import (
     ObservationsWriter, ObservingLossScaling)
@@ -117,7 +118,9 @@ class GemmProbe(chainer.FunctionHook):
 
         def quantize_grad_output(func, gy):
             if gy is not None and getattr(gy, '_ada_quantized', None) is None:
-                probe._raw[id(func)] = gy.array
+                # with its slice ratios (split_scales): the GEMM rounds the
+                # slices at their own scales, then applies the ratios
+                probe._raw[id(func)] = (gy.array, slice_ratio(gy))
             return original(func, gy)
         GemmSettings.quantize_grad_output = quantize_grad_output
         return super(GemmProbe, self).__enter__()
@@ -148,8 +151,13 @@ class GemmProbe(chainer.FunctionHook):
                 or function.grad_format is None:
             return
         fmt = function.grad_format
-        raw = self._raw.pop(id(function), out_grad[0])
+        raw, ratio = self._raw.pop(id(function), (out_grad[0], None))
         gy = fmt.quantize(raw)
+        uf_in = _nonzero_lost(raw, gy)
+        peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
+        if ratio is not None:
+            # every slice at the common scale (exact: powers of two)
+            raw, gy = raw * ratio, gy * ratio
         key = function.scale_key or function.label
         lid = self.layer_ids.setdefault(key, len(self.layer_ids))
         x, W = in_data[0], in_data[1]
@@ -160,9 +168,8 @@ class GemmProbe(chainer.FunctionHook):
         bgx = gx * numpy.float32(beta)
         q = fmt.quantize(bgx)
         peak = float(numpy.abs(bgx).max()) if bgx.size else 0.0
-        peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
         row = {'layer_id': lid, 'layer': key, 'beta': beta,
-               'uf_in': _nonzero_lost(raw, gy),
+               'uf_in': uf_in,
                'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
                'headroom_in_log2': (math.log2(fmt.u_max / peak_in)
                                     if peak_in > 0 else float('nan')),
@@ -213,7 +220,7 @@ class GemmProbe(chainer.FunctionHook):
         predictions and ``err_x``; no weight gradient (``k``, ``uf_w``,
         ``err_w`` NaN)."""
         fmt = function.grad_format
-        raw = self._raw.pop(id(function), gy_in)
+        raw = self._raw.pop(id(function), (gy_in, None))[0]
         gy = fmt.quantize(raw)
         if not isinstance(scales, dict):     # Chainer's backward: all 1
             scales = {0: scales, 1: scales}

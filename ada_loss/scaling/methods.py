@@ -167,12 +167,13 @@ class AdaptiveScaling(LossScaling):
     def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt=None, bound=None, max_layer_scale=None,
                  max_accum_scale=None, guard=True, backoff_window=100,
-                 style='paper'):
+                 style='paper', softmax_scale=True, split_scales=True):
         self._init(dict(
             init_scale=init_scale, t_uf=t_uf, update_interval=update_interval,
             fmt=fmt, bound=bound, max_layer_scale=max_layer_scale,
             max_accum_scale=max_accum_scale, guard=guard,
-            backoff_window=backoff_window, style=style))
+            backoff_window=backoff_window, style=style,
+            softmax_scale=softmax_scale, split_scales=split_scales))
 
     def _init(self, options):
         self.options = options
