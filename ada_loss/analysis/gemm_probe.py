@@ -34,6 +34,11 @@ layer and step it can report:
   unrounded entering gradient: what the rounding of this layer costs;
 * ``alpha``: the scale the entering gradient carries (filled in after the
   pass by :class:`ProbingLossScaling`);
+* ``uf_floor`` (not a CSV column): the ``uf_in`` the entering gradient
+  would have with its largest entry put into the format's top binade by a
+  power of two (:func:`~ada_loss.loss_scale.fit.top_binade_scale`): the
+  least share that any one scale of the tensor could flush — what is left
+  above it is the scaling's, what is below it the format's range;
 * ``log2_hist`` (not a CSV column): {e: count} of the nonzero entries of
   the unrounded entering gradient with |g| in [2^(e-1), 2^e), shifted by
   log2 α to the true gradient by :class:`ProbingLossScaling`
@@ -62,6 +67,7 @@ from ada_loss.analysis.recorder import GradientRecorder
 from ada_loss.functions.gemm import GemmFunction, GemmSettings
 from ada_loss.functions.matmul import MatMulFunction
 from ada_loss.loss_scale import gemm as G
+from ada_loss.loss_scale.fit import top_binade_scale
 
 #: Column order of the probe's CSV.
 FIELDS = ('mode', 'iteration', 'layer_id', 'layer', 'alpha', 'beta',
@@ -77,6 +83,16 @@ def _nonzero_lost(before, after):
     nz = before != 0
     n = int(nz.sum())
     return float((nz & (after == 0)).sum()) / n if n else float('nan')
+
+
+def _flush_floor(raw, fmt):
+    """The share of the nonzero entries of ``raw`` that round to zero in
+    ``fmt`` once its peak is put into the top binade (``uf_floor``)."""
+    peak = float(numpy.abs(raw).max()) if raw.size else 0.0
+    if not (peak > 0 and math.isfinite(peak)):
+        return float('nan')
+    scale = numpy.float32(top_binade_scale(peak, fmt))
+    return _nonzero_lost(raw, fmt.quantize(raw * scale))
 
 
 @contextlib.contextmanager
@@ -154,6 +170,7 @@ class GemmProbe(chainer.FunctionHook):
         raw, ratio = self._raw.pop(id(function), (out_grad[0], None))
         gy = fmt.quantize(raw)
         uf_in = _nonzero_lost(raw, gy)
+        floor = _flush_floor(raw, fmt)
         peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
         if ratio is not None:
             # every slice at the common scale (exact: powers of two)
@@ -169,7 +186,7 @@ class GemmProbe(chainer.FunctionHook):
         q = fmt.quantize(bgx)
         peak = float(numpy.abs(bgx).max()) if bgx.size else 0.0
         row = {'layer_id': lid, 'layer': key, 'beta': beta,
-               'uf_in': uf_in,
+               'uf_in': uf_in, 'uf_floor': floor,
                'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
                'headroom_in_log2': (math.log2(fmt.u_max / peak_in)
                                     if peak_in > 0 else float('nan')),
@@ -226,6 +243,7 @@ class GemmProbe(chainer.FunctionHook):
             scales = {0: scales, 1: scales}
         peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
         shared = {'uf_in': _nonzero_lost(raw, gy),
+                  'uf_floor': _flush_floor(raw, fmt),
                   'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
                   'headroom_in_log2': (math.log2(fmt.u_max / peak_in)
                                        if peak_in > 0 else float('nan')),

@@ -16,7 +16,8 @@
                    ``bound``, ``max_layer_scale``,
                    ``max_accum_scale``, ``softmax_scale``, ``split_scales``
 ``amax[:k=v]``     max-based layer-wise scaling; keys ``init_scale``,
-                   ``margin``, ``history``, ``fmt``, ``max_accum_scale``
+                   ``margin``, ``history``, ``fmt``, ``max_accum_scale``,
+                   ``softmax_scale``, ``split_scales``
 =================  ========================================================
 
 Every method targets the range of the gradient format of the run's precision

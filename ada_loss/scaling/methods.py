@@ -243,8 +243,11 @@ class AmaxScaling(AdaptiveScaling):
                     'max_accum_scale': 'cap', 'backoff_window': 'int'}
 
     def __init__(self, init_scale=1.0, margin=8, history=16, fmt=None,
-                 max_accum_scale=2.0 ** 24, guard=True, backoff_window=100):
+                 max_accum_scale=2.0 ** 24, guard=True, backoff_window=100,
+                 softmax_scale=True, split_scales=True):
         self._init(dict(init_scale=init_scale, margin=margin,
                         history=history, fmt=fmt,
                         max_accum_scale=max_accum_scale, guard=guard,
-                        backoff_window=backoff_window))
+                        backoff_window=backoff_window,
+                        softmax_scale=softmax_scale,
+                        split_scales=split_scales))
