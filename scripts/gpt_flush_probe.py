@@ -17,7 +17,7 @@ zero already, flushed before).
 At a trained state (``--text FILE --train-steps N``): the model is first
 trained in FP32 for N steps on the characters of a text file (plain
 backprop, Adam with nanoGPT's settings: lr 1e-3, betas (0.9, 0.99), weight
-decay 0.1 on the matrices, batch and block as given, random windows drawn
+decay 0.1 on the matrices as AdamW applies it (W shrinks by lr·0.1 a step), batch and block as given, random windows drawn
 with ``--seed``; its vocabulary is the file's characters), and every mode is
 probed from those weights on a batch of windows of the same text (not one
 trained on). The trained state is FP32's, not each mode's own: what is
@@ -60,8 +60,10 @@ def _train_fp32(args, ids, vocab):
     opt = chainer.optimizers.Adam(alpha=1e-3, beta1=0.9, beta2=0.99)
     opt.setup(m)
     for name, param in m.namedparams():
-        if param.ndim >= 2:       # nanoGPT decays the matrices only
-            param.update_rule.hyperparam.weight_decay_rate = 0.1
+        if param.ndim >= 2:
+            # nanoGPT decays the matrices only, by lr·0.1 per step (AdamW);
+            # Chainer's Adam subtracts weight_decay_rate·W itself (eta 1)
+            param.update_rule.hyperparam.weight_decay_rate = 1e-3 * 0.1
     rng = numpy.random.RandomState(args.seed + 1)
     loss = None
     for _ in range(args.train_steps):
@@ -173,6 +175,9 @@ def main():
             print('    above 0.1 %: ' + ', '.join(
                 '{} {} (floor {})'.format(k, pct(v), pct(floors[k]))
                 for k, v in seen.items() if v > 1e-3))
+            empty = [k for k in rows if k not in seen]
+            if empty:
+                print('    no nonzero entry entering: ' + ', '.join(empty))
         for r in details:
             print('    {:<24} alpha 2^{:<4g} beta 2^{:<3g} set_by {:<5} uf_in '
                   '{:6.2%} (floor {:6.2%}) headroom in {:5.2f} out {:5.2f} '

@@ -102,10 +102,11 @@ class AdaLossScaled(object):
             read); what it noted is read after a skipped step.
         backoff_window (int): clean steps after which each layer's backoff
             is relaxed by one power of two (default 100).
-        softmax_scale (bool): *not in the paper* (default True): where a
+        nonlinear_scale (bool): *not in the paper* (default True): where a
             softmax's backward (attention's: y ⊙ (g − Σ y·g)) leaves more
             than ``t_uf`` of its nonzero input gradient's entries to flush
-            to zero in ``fmt``, that gradient is sent on at α·σ, σ the
+            to zero in ``fmt`` where the next GEMM stores it (after the
+            mask and 1/√d), that gradient is sent on at α·σ, σ the
             power of two that puts its largest entry into the format's top
             binade (:func:`~ada_loss.loss_scale.fit.top_binade_scale`, the
             rule of ``init_scale='amax'``): the softmax multiplies the
@@ -129,7 +130,7 @@ class AdaLossScaled(object):
     def __init__(self, model, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt='float16', bound=None,
                  max_layer_scale=None, max_accum_scale=None, guard=True,
-                 backoff_window=100, style='paper', softmax_scale=True,
+                 backoff_window=100, style='paper', nonlinear_scale=True,
                  split_scales=True, verbose=True):
         if style not in STYLES:
             raise ValueError('unknown style {!r}; expected one of: {}'
@@ -159,12 +160,12 @@ class AdaLossScaled(object):
             raise ValueError('guard must be true or false, got {!r}'
                              .format(guard))
         positive_int('backoff_window', backoff_window)
-        for name, v in (('softmax_scale', softmax_scale),
+        for name, v in (('nonlinear_scale', nonlinear_scale),
                         ('split_scales', split_scales)):
             if not isinstance(v, bool):
                 raise ValueError('{} must be true or false, got {!r}'
                                  .format(name, v))
-        self.softmax_scale = softmax_scale
+        self.nonlinear_scale = nonlinear_scale
         self.split_scales = split_scales
         self.model = model
         self.init_scale = 1.0 if self.auto_init else float(init_scale)
@@ -313,9 +314,9 @@ class AdaLossScaled(object):
             [(f.gemm_weight(), f.grad_input_axes) for f in nodes])
         return {id(f): r for f, r in zip(nodes, rows)}
 
-    def _softmax_scale(self, g, alpha):
+    def _nonlinear_scale(self, g, alpha):
         """σ for a softmax's input gradient ``g`` carried at ``alpha``
-        (``softmax_scale``): 1 unless more than T_uf of its nonzero entries
+        (``nonlinear_scale``): 1 unless more than T_uf of its nonzero entries
         round to zero in the format, else the power of two ≥ 1 that puts
         its largest entry into the top binade, capped by
         ``max_accum_scale`` and by 2^64 on α·σ."""
@@ -381,7 +382,7 @@ class AdaLossScaled(object):
         bp = ScaledBackprop(
             self._gemm_scale, self.fmt.u_max, self._observe,
             self._weight_scale, entry, guard=guard,
-            softmax_scale=self._softmax_scale if self.softmax_scale
+            nonlinear_scale=self._nonlinear_scale if self.nonlinear_scale
             else None, split_scales=self.split_scales)
         bp.run(loss, init_scale)
         self._device_w_stats = {}
@@ -504,14 +505,15 @@ class AdaLossScaled(object):
         """
         return self._read_records(0)
 
-    def softmax_scales(self):
-        """σ of each softmax of the last pass (its input gradient left at
-        α·σ: ``softmax_scale``; 1 where nothing flushed beyond T_uf), in
-        backward order (the last block's attention first); [] without
-        ``softmax_scale``."""
+    def nonlinear_scales(self):
+        """[(node label, σ)] of each softmax and GELU of the last pass (its
+        input gradient went on at α·σ: ``nonlinear_scale``; σ = 1 where
+        nothing flushed beyond T_uf), in backward order (the last block
+        first); [] without ``nonlinear_scale``."""
         if self._last_pass is None:
             return []
-        return [host_float(s) for _, s in self._last_pass.softmax_records]
+        return [(label, host_float(s))
+                for label, _, s in self._last_pass.nonlinear_records]
 
     def layer_scales(self):
         """{layer path: β, the local loss scale of that GEMM} (last pass)."""

@@ -35,7 +35,7 @@ class AmaxLossScaled(AdaLossScaled):
             over it is used.
         guard, backoff_window: the overflow guard and the backoff after
             skipped steps, as :class:`AdaLossScaled` (not in any recipe).
-        softmax_scale, split_scales: as :class:`AdaLossScaled` (the scale
+        nonlinear_scale, split_scales: as :class:`AdaLossScaled` (the scale
             a softmax's input gradient and a split's slices carry; on by
             default).
 
@@ -53,7 +53,7 @@ class AmaxLossScaled(AdaLossScaled):
 
     def __init__(self, model, init_scale=1.0, margin=8, history=16,
                  fmt='float16', max_accum_scale=2.0 ** 24, guard=True,
-                 backoff_window=100, softmax_scale=True, split_scales=True,
+                 backoff_window=100, nonlinear_scale=True, split_scales=True,
                  verbose=True):
         if isinstance(init_scale, str):
             raise ValueError("amax: init_scale must be a positive number "
@@ -66,7 +66,7 @@ class AmaxLossScaled(AdaLossScaled):
         super(AmaxLossScaled, self).__init__(
             model, init_scale=init_scale, fmt=fmt,
             max_accum_scale=max_accum_scale, guard=guard,
-            backoff_window=backoff_window, softmax_scale=softmax_scale,
+            backoff_window=backoff_window, nonlinear_scale=nonlinear_scale,
             split_scales=split_scales, verbose=verbose)
 
     def _key(self, func, what):

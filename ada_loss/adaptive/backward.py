@@ -59,11 +59,16 @@ from chainer.functions.connection import convolution_2d as _c_conv
 from chainer.functions.connection import deconvolution_2d as _c_deconv
 from chainer.functions.connection import linear as _c_linear
 from chainer.functions.activation import softmax as _c_softmax
+from chainer.functions.array import cast as _c_cast
 from chainer.functions.array import reshape as _c_reshape
 from chainer.functions.array import split_axis as _c_split_axis
+from chainer.functions.array import transpose as _c_transpose
+from chainer.functions.array import where as _c_where
+from chainer.functions.math import basic_math as _c_basic_math
 from chainer.functions.math import matmul as _c_matmul
 
 from ada_loss.formats import get_format
+from ada_loss.functions.gelu import GELU
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.functions.matmul import MatMulFunction
 from ada_loss.functions.scales import (
@@ -113,6 +118,25 @@ def _materialized(v):
     if ratio is None:
         return v
     return chainer.Variable(v.array * ratio, requires_grad=False)
+
+
+#: The attribute of a gradient Variable that left a softmax or a GELU and
+#: has not been stored by a GEMM yet (its value: that node's label) (``nonlinear_scale``): its σ is decided where it
+#: is stored.
+_NONLINEAR_PENDING = '_ada_nonlinear_pending'
+
+#: Nodes that only mask, cast, reshape or multiply a gradient by a constant
+#: (attention's causal mask and 1/√d between its softmax and Q·Kᵀ): a
+#: softmax's gradient passes through them with its σ still to be decided.
+_PASSTHROUGH = (_c_where.Where, _c_basic_math.MulConstant,
+                        _c_cast.Cast, _c_reshape.Reshape,
+                        _c_transpose.Transpose)
+
+
+#: Element-wise nodes whose backward multiplies the gradient by factors
+#: that can be far below 1 (§3.2.2's assumption fails): the softmax
+#: (probabilities) and GELU (Φ(x) + x·φ(x) → 0 for x ≪ 0).
+_SHRINKING = (_c_softmax.Softmax, GELU)
 
 
 def _concat_ratio(func, present, ratios, xp, dtype):
@@ -326,11 +350,14 @@ class ScaledBackprop(object):
             array as carried (before the GEMM rounds it) and its scale.
         guard (bool): the overflow guard (see the module docstring; on
             device arrays decided on the device).
-        softmax_scale (callable or None): ``softmax_scale(g, alpha)`` → σ
-            (a power of two ≥ 1) for the input gradient ``g`` (an array, at
-            scale ``alpha``) a softmax's backward produced: it leaves at
-            α·σ (docs/modes.md, *A softmax between two GEMMs*; not in the
-            paper). None: α passes through the softmax (§3.2.2).
+        nonlinear_scale (callable or None): ``nonlinear_scale(g, alpha)`` →
+            σ (a power of two ≥ 1) for the input gradient the backward of a
+            softmax or a GELU (:data:`_SHRINKING`) produced, as ``g`` (an array at scale ``alpha``) where it is
+            stored — entering the next GEMM, after masks, casts, reshapes
+            and constant factors (attention's 1/√d), or wherever it meets
+            anything else first: it goes on at α·σ (docs/modes.md, *A
+            softmax between two GEMMs*; not in the paper). None: α passes
+            through the softmax (§3.2.2).
         split_scales (bool): where the gradients of the outputs of a split
             along the last axis meet (its backward is a concatenation, not
             a sum), each slice keeps its own scale until the next GEMM
@@ -342,7 +369,7 @@ class ScaledBackprop(object):
     """
 
     def __init__(self, gemm_scale, u_max, observe=None, weight_scale=None,
-                 loss_gradient=None, guard=False, softmax_scale=None,
+                 loss_gradient=None, guard=False, nonlinear_scale=None,
                  split_scales=False):
         self.gemm_scale = gemm_scale
         self.u_max = u_max
@@ -350,10 +377,11 @@ class ScaledBackprop(object):
         self.weight_scale = weight_scale
         self.loss_gradient = loss_gradient
         self.guard = guard
-        self.softmax_scale = softmax_scale
+        self.nonlinear_scale = nonlinear_scale
         self.split_scales = split_scales
-        #: (α, σ) of each softmax (``softmax_scale``), backward order
-        self.softmax_records = []
+        #: (node label, α, σ) of each softmax or GELU
+        #: (``nonlinear_scale``), backward order
+        self.nonlinear_records = []
         # VariableNode -> whether its gradient reached it through no GEMM
         # (tracked for ``loss_gradient`` only)
         self._direct = {}
@@ -451,7 +479,7 @@ class ScaledBackprop(object):
         if len(entries) == 1:
             return entries[0]
         # gradients that meet are summed: each at one scale first
-        entries = [(_materialized(g), a) for g, a in entries]
+        entries = [self._settled(_materialized(g), a) for g, a in entries]
         scales = [a for _, a in entries]
         alpha, ratios = self.scales.common(scales, [g for g, _ in entries],
                                            self.u_max)
@@ -522,7 +550,7 @@ class ScaledBackprop(object):
                 entries = [(var.grad_var, 1.0 if prev is None else prev)] \
                     + entries
             g, alpha = self._merge(entries, node)
-            g = _materialized(g)
+            g, alpha = self._settled(_materialized(g), alpha)
             var._set_grad_var_without_check(g)
             var._loss_scale = self.scales.leaf(alpha)
         return self
@@ -550,8 +578,19 @@ class ScaledBackprop(object):
         # split, passed through reshapes, applied by the next GEMM after it
         # has stored the gradient (anywhere else: applied first)
         ratio = None
+        pending = False
         if len(present) == 1:
             i, g, alpha = present[0]
+            if getattr(g, _NONLINEAR_PENDING, False):
+                if isinstance(func, (GemmFunction, MatMulFunction)):
+                    # where the softmax's gradient is stored: σ decided on
+                    # the values this GEMM rounds
+                    g, alpha = self._settled(g, alpha)
+                elif isinstance(func, _PASSTHROUGH) and \
+                        len(targets) == 1:
+                    pending = True
+                else:
+                    g, alpha = self._settled(g, alpha)
             out_grad[i] = g
             ratio = slice_ratio(g)
             if ratio is not None and not (
@@ -560,7 +599,8 @@ class ScaledBackprop(object):
                 out_grad[i] = _materialized(g)
                 ratio = None
         else:
-            present = [(i, _materialized(g), a) for i, g, a in present]
+            present = [(i,) + self._settled(_materialized(g), a)
+                       for i, g, a in present]
             scales = [a for _, _, a in present]
             alpha, ratios = self.scales.common(
                 scales, [g for _, g, _ in present], self.u_max)
@@ -664,9 +704,11 @@ class ScaledBackprop(object):
                 # a split's concatenation or a reshape that keeps the last
                 # axis: the slices are where they were
                 _with_ratio(gxs[0], ratio)
-            if self.softmax_scale is not None and isinstance(
-                    func, _c_softmax.Softmax) and gxs[0] is not None:
-                gxs, in_scales = self._scale_softmax(gxs, alpha, in_scales)
+            if (pending or self.nonlinear_scale is not None and isinstance(
+                    func, _SHRINKING)) and gxs[0] is not None:
+                # σ is decided where the gradient is stored (the next GEMM)
+                setattr(gxs[0], _NONLINEAR_PENDING, func.label if not pending
+                    else getattr(out_grad[0], _NONLINEAR_PENDING))
         for hook in hooks:
             hook.backward_postprocess(func, in_data, out_arrays)
         if is_gemm and self.observe is not None:
@@ -723,15 +765,21 @@ class ScaledBackprop(object):
         return y is not None and func.inputs[0].shape[-1] == n and \
             y.shape[-1] == n
 
-    def _scale_softmax(self, gxs, alpha, in_scales):
-        """A softmax's input gradient sent on at α·σ (``softmax_scale``;
-        σ = 1 leaves it at α)."""
-        sigma = self.softmax_scale(gxs[0].array, alpha)
-        self.softmax_records.append((alpha, sigma))
+    def _settled(self, g, alpha):
+        """``(g, α)``, or for a softmax's gradient whose σ is still to be
+        decided (``nonlinear_scale``) ``(σ·g, α·σ)``: σ from the values
+        where it is stored (the GEMM it enters) or where it meets anything
+        but a mask, a cast, a reshape or a constant factor."""
+        if g is None or not getattr(g, _NONLINEAR_PENDING, False):
+            return g, alpha
+        sigma = self.nonlinear_scale(g.array, alpha)
+        self.nonlinear_records.append((getattr(g, _NONLINEAR_PENDING),
+                                       alpha, sigma))
         if sigma == 1:
-            return gxs, in_scales
-        return (self.scales.rescale(gxs[0], sigma),) + tuple(gxs[1:]), \
-            [self.scales.product(alpha, sigma)] + list(in_scales[1:])
+            g = chainer.Variable(g.array, requires_grad=False)  # unmarked
+            return g, alpha
+        return self.scales.rescale(g, sigma), self.scales.product(
+            alpha, sigma)
 
     def _step_matmul(self, func, targets, inputs, out_grad, alpha, origins,
                      direct, grads, add_cand, leaves, hooks_base):

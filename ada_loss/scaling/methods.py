@@ -167,13 +167,13 @@ class AdaptiveScaling(LossScaling):
     def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt=None, bound=None, max_layer_scale=None,
                  max_accum_scale=None, guard=True, backoff_window=100,
-                 style='paper', softmax_scale=True, split_scales=True):
+                 style='paper', nonlinear_scale=True, split_scales=True):
         self._init(dict(
             init_scale=init_scale, t_uf=t_uf, update_interval=update_interval,
             fmt=fmt, bound=bound, max_layer_scale=max_layer_scale,
             max_accum_scale=max_accum_scale, guard=guard,
             backoff_window=backoff_window, style=style,
-            softmax_scale=softmax_scale, split_scales=split_scales))
+            nonlinear_scale=nonlinear_scale, split_scales=split_scales))
 
     def _init(self, options):
         self.options = options
@@ -244,10 +244,10 @@ class AmaxScaling(AdaptiveScaling):
 
     def __init__(self, init_scale=1.0, margin=8, history=16, fmt=None,
                  max_accum_scale=2.0 ** 24, guard=True, backoff_window=100,
-                 softmax_scale=True, split_scales=True):
+                 nonlinear_scale=True, split_scales=True):
         self._init(dict(init_scale=init_scale, margin=margin,
                         history=history, fmt=fmt,
                         max_accum_scale=max_accum_scale, guard=guard,
                         backoff_window=backoff_window,
-                        softmax_scale=softmax_scale,
+                        nonlinear_scale=nonlinear_scale,
                         split_scales=split_scales))

@@ -55,8 +55,11 @@ def _run_both(tie, loss_factor, stat='tensor', scaler=AdaLossScaled,
             opt.update()
         assert_params_changed(before, plain)
         assert_params_bit_equal(plain, ada_model)
+        # σ of each softmax (attention's), backward order
         records.append((ada.loss_scales(), ada.layer_scales(),
-                        ada.softmax_scales()))
+                        [s for label, s in ada.nonlinear_scales()
+                         if label == 'Softmax']))
+        assert all(is_pow2(s) for _, s in ada.nonlinear_scales())
         for v in list(records[-1][0].values()) + list(
                 records[-1][1].values()) + records[-1][2]:
             assert is_pow2(v), v
@@ -106,13 +109,17 @@ def test_gpt_attention_operands_get_different_betas():
 
 
 def test_gpt_bit_exact_with_softmax_and_split_scales_taken():
-    """Targeting E4M3's range (float32 arrays, so nothing is rounded) both
-    of this project's scale changes inside attention are taken — a σ > 1
-    at a softmax, and at a Q/K/V split slices at scales apart, some
-    brought down to c_attn's α only after c_attn stores them — and the
-    update is plain backprop's bit for bit (checked in _run_both)."""
-    _, records = _run_both(False, 1e-2, fmt='fp8_e4m3')
+    """Targeting E4M3's range (float32 arrays, so nothing is rounded)
+    both of this project's scale changes inside a block are taken — a
+    σ > 1 at a softmax and at a GELU, and at a Q/K/V split slices at
+    scales apart, some brought down to c_attn's α only after c_attn
+    stores them — and the update is plain backprop's bit for bit
+    (checked in _run_both)."""
+    ada, records = _run_both(False, 1.0, fmt='fp8_e4m3')
     assert max(s for _, _, sigmas in records for s in sigmas) > 1
+    # GELU's input gradient too (nonlinear_scale), on the last pass
+    assert any(label == 'GELU' and s > 1
+               for label, s in ada.nonlinear_scales())
     deferred = 0
     for alphas, betas, sigmas in records:
         assert len(sigmas) == 2
