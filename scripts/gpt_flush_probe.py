@@ -17,8 +17,8 @@ zero already, flushed before).
 At a trained state (``--text FILE --train-steps N``): the model is first
 trained in FP32 for N steps on the characters of a text file (plain
 backprop, Adam with nanoGPT's settings: lr 1e-3, betas (0.9, 0.99), weight
-decay 0.1 on the matrices as AdamW applies it (W shrinks by lr·0.1 a step), batch and block as given, random windows drawn
-with ``--seed``; its vocabulary is the file's characters), and every mode is
+decay 0.1 on the matrices as AdamW applies it (W shrinks by lr·0.1 a
+step), batch and block as given, random windows drawn with ``--seed``; its vocabulary is the file's characters), and every mode is
 probed from those weights on a batch of windows of the same text (not one
 trained on). The trained state is FP32's, not each mode's own: what is
 measured is how each mode scales the gradients of a model that has

@@ -16,7 +16,12 @@ at:
   (:class:`ada_loss.functions.matmul.OperandGradient`, whose key is the
   node's with ``:a`` or ``:b``): gA at α·β_a, gB at α·β_b;
 * every other node passes α through unchanged (§3.2.2: element-wise ops,
-  batch normalization, pooling, reshapes, the loss ...);
+  batch normalization, pooling, reshapes, the loss ...), except, with
+  ``nonlinear_scale``, a softmax's or a GELU's input gradient, which may
+  go on at α·σ (σ a power of two decided where the next GEMM stores it);
+* with ``split_scales``, the slices of a split along the last axis keep
+  their own scales until the GEMM that consumes the concatenation has
+  rounded them (not in the paper: docs/modes.md);
 * wherever gradients meet — the several consumers of one variable (fan-out),
   or the several outputs of one node — they are rescaled to one scale by
   Algorithm 5 before anything sums them;
@@ -121,8 +126,8 @@ def _materialized(v):
 
 
 #: The attribute of a gradient Variable that left a softmax or a GELU and
-#: has not been stored by a GEMM yet (its value: that node's label) (``nonlinear_scale``): its σ is decided where it
-#: is stored.
+#: has not been stored by a GEMM yet (``nonlinear_scale``): its σ is
+#: decided where it is stored. Its value: that node's label.
 _NONLINEAR_PENDING = '_ada_nonlinear_pending'
 
 #: Nodes that only mask, cast, reshape or multiply a gradient by a constant
@@ -352,12 +357,13 @@ class ScaledBackprop(object):
             device arrays decided on the device).
         nonlinear_scale (callable or None): ``nonlinear_scale(g, alpha)`` →
             σ (a power of two ≥ 1) for the input gradient the backward of a
-            softmax or a GELU (:data:`_SHRINKING`) produced, as ``g`` (an array at scale ``alpha``) where it is
-            stored — entering the next GEMM, after masks, casts, reshapes
-            and constant factors (attention's 1/√d), or wherever it meets
-            anything else first: it goes on at α·σ (docs/modes.md, *A
-            softmax between two GEMMs*; not in the paper). None: α passes
-            through the softmax (§3.2.2).
+            softmax or a GELU (:data:`_SHRINKING`) produced, as ``g`` (an
+            array at scale ``alpha``) where it is stored — entering the
+            next GEMM, after masks, casts, reshapes and constant factors
+            (attention's 1/√d), or wherever it meets anything else first:
+            it goes on at α·σ (docs/modes.md, *A softmax or a GELU between
+            two GEMMs*; not in the paper). None: α passes through those
+            nodes (§3.2.2).
         split_scales (bool): where the gradients of the outputs of a split
             along the last axis meet (its backward is a concatenation, not
             a sum), each slice keeps its own scale until the next GEMM
