@@ -102,20 +102,21 @@ class AdaLossScaled(object):
             read); what it noted is read after a skipped step.
         backoff_window (int): clean steps after which each layer's backoff
             is relaxed by one power of two (default 100).
-        nonlinear_scale (bool): *not in the paper* (default True): where a
-            softmax's backward (attention's: y ⊙ (g − Σ y·g)) leaves more
-            than ``t_uf`` of its nonzero input gradient's entries to flush
-            to zero in ``fmt`` where the next GEMM stores it (after the
-            mask and 1/√d), that gradient is sent on at α·σ, σ the
-            power of two that puts its largest entry into the format's top
-            binade (:func:`~ada_loss.loss_scale.fit.top_binade_scale`, the
-            rule of ``init_scale='amax'``): the softmax multiplies the
-            gradient by probabilities ≪ 1, which §3.2.2's assumption (an
-            element-wise op does not change underflow) does not cover
-            (docs/modes.md). A no-op where nothing flushes beyond T_uf and
-            in graphs without a softmax node (the CNNs: their loss is
-            softmax cross-entropy, another node). σ is decided on the
-            host: on device arrays one read per softmax.
+        nonlinear_scale (bool): *not in the paper* (default True): where
+            the backward of a softmax (attention's: y ⊙ (g − Σ y·g)) or a
+            GELU leaves more than ``t_uf`` of its input gradient's nonzero
+            entries to flush to zero in ``fmt`` where the next GEMM stores
+            it (after the mask and 1/√d), that gradient is sent on at α·σ,
+            σ the power of two that puts its largest entry into the
+            format's top binade
+            (:func:`~ada_loss.loss_scale.fit.top_binade_scale`, the rule of
+            ``init_scale='amax'``): these nodes multiply the gradient by
+            factors ≪ 1 (probabilities; GELU's derivative for x ≪ 0), which
+            §3.2.2's assumption (an element-wise op does not change
+            underflow) does not cover (docs/modes.md). A no-op where
+            nothing flushes beyond T_uf and in graphs with neither node
+            (the CNNs: their loss is softmax cross-entropy, another node).
+            σ is decided on the host: on device arrays one read per node.
         split_scales (bool): *not in the paper* (default True): at a split
             along the last axis (a GPT's Q/K/V split of ``c_attn``'s
             output) whose output gradients arrive at different scales, each
@@ -315,14 +316,16 @@ class AdaLossScaled(object):
         return {id(f): r for f, r in zip(nodes, rows)}
 
     def _nonlinear_scale(self, g, alpha):
-        """σ for a softmax's input gradient ``g`` carried at ``alpha``
-        (``nonlinear_scale``): 1 unless more than T_uf of its nonzero entries
-        round to zero in the format, else the power of two ≥ 1 that puts
-        its largest entry into the top binade, capped by
-        ``max_accum_scale`` and by 2^64 on α·σ."""
+        """σ for a softmax's or GELU's input gradient ``g`` carried at
+        ``alpha`` where the next GEMM stores it (``nonlinear_scale``): 1
+        unless more than T_uf of its nonzero entries round to zero in the
+        format, else the power of two ≥ 1 that puts its largest entry into
+        the top binade, capped by ``max_accum_scale`` and by 2^64 on
+        α·σ."""
         if not isinstance(g, numpy.ndarray):
             g = chainer.backend.CpuDevice().send(g)     # one read
-        a = numpy.abs(g)
+        # (float16 arrays widened exactly: the format rounds float32)
+        a = numpy.abs(g).astype(numpy.float32, copy=False)
         nonzero = int(numpy.count_nonzero(a))
         if not nonzero:
             return 1.0

@@ -132,10 +132,10 @@ _NONLINEAR_PENDING = '_ada_nonlinear_pending'
 
 #: Nodes that only mask, cast, reshape or multiply a gradient by a constant
 #: (attention's causal mask and 1/√d between its softmax and Q·Kᵀ): a
-#: softmax's gradient passes through them with its σ still to be decided.
-_PASSTHROUGH = (_c_where.Where, _c_basic_math.MulConstant,
-                        _c_cast.Cast, _c_reshape.Reshape,
-                        _c_transpose.Transpose)
+#: softmax's or GELU's gradient passes through them with its σ still to be
+#: decided.
+_PASSTHROUGH = (_c_where.Where, _c_basic_math.MulConstant, _c_cast.Cast,
+                _c_reshape.Reshape, _c_transpose.Transpose)
 
 
 #: Element-wise nodes whose backward multiplies the gradient by factors
@@ -589,8 +589,8 @@ class ScaledBackprop(object):
             i, g, alpha = present[0]
             if getattr(g, _NONLINEAR_PENDING, False):
                 if isinstance(func, (GemmFunction, MatMulFunction)):
-                    # where the softmax's gradient is stored: σ decided on
-                    # the values this GEMM rounds
+                    # where the gradient is stored: σ decided on the
+                    # values this GEMM rounds
                     g, alpha = self._settled(g, alpha)
                 elif isinstance(func, _PASSTHROUGH) and \
                         len(targets) == 1:
@@ -712,9 +712,11 @@ class ScaledBackprop(object):
                 _with_ratio(gxs[0], ratio)
             if (pending or self.nonlinear_scale is not None and isinstance(
                     func, _SHRINKING)) and gxs[0] is not None:
-                # σ is decided where the gradient is stored (the next GEMM)
-                setattr(gxs[0], _NONLINEAR_PENDING, func.label if not pending
-                    else getattr(out_grad[0], _NONLINEAR_PENDING))
+                # σ is decided where the gradient is stored (the next
+                # GEMM); the mark names the node it came from
+                source = getattr(out_grad[0], _NONLINEAR_PENDING) \
+                    if pending else func.label
+                setattr(gxs[0], _NONLINEAR_PENDING, source)
         for hook in hooks:
             hook.backward_postprocess(func, in_data, out_arrays)
         if is_gemm and self.observe is not None:
@@ -772,8 +774,8 @@ class ScaledBackprop(object):
             y.shape[-1] == n
 
     def _settled(self, g, alpha):
-        """``(g, α)``, or for a softmax's gradient whose σ is still to be
-        decided (``nonlinear_scale``) ``(σ·g, α·σ)``: σ from the values
+        """``(g, α)``, or for a softmax's or GELU's gradient whose σ is
+        still to be decided (``nonlinear_scale``) ``(σ·g, α·σ)``: σ from the values
         where it is stored (the GEMM it enters) or where it meets anything
         but a mask, a cast, a reshape or a constant factor."""
         if g is None or not getattr(g, _NONLINEAR_PENDING, False):

@@ -1,7 +1,8 @@
 """The share of the gradient entering each GEMM of a GPT that flushes to
 zero in FP8 E4M3 under adaptive loss scaling (issue 48's target: below
-0.1 % at every GEMM), measured by the per-GEMM probe on a tiny GPT: with
-the softmax's input gradient scaled (``nonlinear_scale``) and the Q/K/V
+0.1 % at every GEMM), measured by the per-GEMM probe on a tiny GPT at
+initialization: with the softmax's (and GELU's) input gradient scaled where
+the next GEMM stores it (``nonlinear_scale``) and the Q/K/V
 slices kept at their own scales until ``c_attn`` stores them
 (``split_scales``) every GEMM meets it; without them the gradient entering
 Q·Kᵀ (the softmax's) and the one entering ``c_attn`` (the split's) do not
