@@ -14,6 +14,7 @@ A smoke test of the model in each precision, not a result: one seed of a
 toy task (docs/transformer.md says what it shows).
 
 Run:  .venv/bin/python scripts/gpt_copy_task.py [--steps 150] [--rows ...]
+          [--seed 0]
 """
 import argparse
 import os
@@ -78,11 +79,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--steps', type=int, default=150)
     p.add_argument('--rows', nargs='+', default=list(ROWS))
+    p.add_argument('--seed', type=int, default=0,
+                   help='the model, precision and batches seed')
     args = p.parse_args()
     print('copy loss (nats; chance 2.94) every 30 steps and at step {}'
-          .format(args.steps))
+          '{}'.format(args.steps, ', seed {}'.format(args.seed)
+                      if args.seed else ''))
     for row in args.rows:
-        losses, skipped = run(row, args.steps)
+        losses, skipped = run(row, args.steps, args.seed)
         print('{:<58} {}  skipped {}'.format(
             row, ' '.join('{:5.2f}'.format(v) for v in losses), skipped),
             flush=True)

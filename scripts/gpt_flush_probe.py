@@ -14,8 +14,19 @@ flush share (``uf_in``) over the GEMMs and where, the loss gradient's
 share of GEMMs at or below 0.1 % (``-``: every entry entering was
 zero already, flushed before).
 
+At a trained state (``--text FILE --train-steps N``): the model is first
+trained in FP32 for N steps on the characters of a text file (plain
+backprop, Adam with nanoGPT's settings: lr 1e-3, betas (0.9, 0.99), weight
+decay 0.1 on the matrices as AdamW applies it (W shrinks by lr·0.1 a
+step), batch and block as given, random windows drawn with ``--seed``; its vocabulary is the file's characters), and every mode is
+probed from those weights on a batch of windows of the same text (not one
+trained on). The trained state is FP32's, not each mode's own: what is
+measured is how each mode scales the gradients of a model that has
+learned something (the loss gradient shrinks as p → y).
+
 Run:  .venv/bin/python scripts/gpt_flush_probe.py [--precision fp8_e4m3]
           [--modes adaptive adaptive:init_scale=amax ...]
+          [--text kjv.txt --train-steps 200]
 """
 import argparse
 import os
@@ -32,6 +43,39 @@ from ada_loss.scaling import make_loss_scaling  # NOQA: E402
 from ada_loss.training import apply_precision, dtype_config  # NOQA: E402
 
 
+def _windows(ids, rng, batch, block):
+    """``batch`` random windows of ``block + 1`` tokens: (inputs,
+    targets)."""
+    starts = rng.randint(0, len(ids) - block - 1, batch)
+    w = numpy.stack([ids[i:i + block + 1] for i in starts])
+    return w[:, :-1], w[:, 1:]
+
+
+def _train_fp32(args, ids, vocab):
+    """The GPT's parameters after ``args.train_steps`` FP32 steps on
+    ``ids`` ({path: array}), with the last training loss."""
+    import chainer
+    numpy.random.seed(args.seed)
+    m = GPT(vocab, block_size=args.block, attention_stat=args.attention_stat)
+    opt = chainer.optimizers.Adam(alpha=1e-3, beta1=0.9, beta2=0.99)
+    opt.setup(m)
+    for name, param in m.namedparams():
+        if param.ndim >= 2:
+            # nanoGPT decays the matrices only, by lr·0.1 per step (AdamW);
+            # Chainer's Adam subtracts weight_decay_rate·W itself (eta 1)
+            param.update_rule.hyperparam.weight_decay_rate = 1e-3 * 0.1
+    rng = numpy.random.RandomState(args.seed + 1)
+    loss = None
+    for _ in range(args.train_steps):
+        x, t = _windows(ids, rng, args.batch, args.block)
+        m.cleargrads()
+        loss = lm_loss(m(x), t)
+        loss.backward()
+        opt.update()
+    return {n: p.array.copy() for n, p in m.namedparams()}, float(
+        loss.array)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--precision', default='fp8_e4m3')
@@ -42,6 +86,15 @@ def main():
     p.add_argument('--block', type=int, default=64)
     p.add_argument('--vocab', type=int, default=65)
     p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--text', metavar='FILE',
+                   help='probe at a trained state: a text file whose '
+                        'characters the model is trained on first (e.g. '
+                        'the KJV: bible -f Gen1:1-Rev22:21 > kjv.txt)')
+    p.add_argument('--train-steps', type=int, default=200,
+                   help='FP32 training steps before probing, with --text')
+    p.add_argument('--trained-cache', metavar='NPZ',
+                   help='with --text: load the trained parameters from '
+                        'this file if it exists, else save them there')
     p.add_argument('--attention-stat', default='tensor',
                    choices=('tensor', 'head'))
     p.add_argument('--list', action='store_true',
@@ -51,9 +104,29 @@ def main():
                         'β, uf_in, headroom in and out in binades) of every '
                         'GEMM whose name starts with PREFIX')
     args = p.parse_args()
+    trained = None
+    state = 'initialization'
+    if args.text is not None:
+        with open(args.text, encoding='utf-8') as f:
+            text = f.read()
+        chars = sorted(set(text))
+        args.vocab = len(chars)
+        lut = {c: i for i, c in enumerate(chars)}
+        ids = numpy.array([lut[c] for c in text], numpy.int32)
+        cache = args.trained_cache
+        if cache is not None and os.path.exists(cache):
+            with numpy.load(cache) as f:
+                trained = {k: f[k] for k in f.files if k != '(loss)'}
+                last = float(f['(loss)'])
+        else:
+            trained, last = _train_fp32(args, ids, args.vocab)
+            if cache is not None:
+                numpy.savez(cache, **dict(trained, **{'(loss)': last}))
+        state = 'after {} FP32 steps on {} (last training loss {:.3f})'.format(
+            args.train_steps, os.path.basename(args.text), last)
     print('{}, GPT 4x4x128 block {}, batch {}, vocab {}, attention_stat {}'
-          ', initialization'.format(args.precision, args.block, args.batch,
-                                    args.vocab, args.attention_stat))
+          ', {}'.format(args.precision, args.block, args.batch, args.vocab,
+                        args.attention_stat, state))
     print('{:<28} {:>9} {:<24} {:>9} {:>9} {:>8}'.format(
         'mode', 'max uf_in', 'at', 'lm_head', 'attention', '<=0.1%'))
     for mode in args.modes:
@@ -61,19 +134,28 @@ def main():
         with dtype_config(args.precision):
             m = GPT(args.vocab, block_size=args.block,
                     attention_stat=args.attention_stat)
+        if trained is not None:
+            for name, param in m.namedparams():
+                param.array[...] = trained[name]
         apply_precision(m, args.precision, args.seed)
         bound = 'output' if mode.startswith('adaptive') else None
         scaling = ProbingLossScaling(make_loss_scaling(mode, args.precision),
                                      mode, every=1, bound=bound)
         scaling.bind(m)
         rng = numpy.random.RandomState(args.seed)
-        x = rng.randint(0, args.vocab, (args.batch, args.block)).astype(
-            numpy.int32)
+        if trained is None:
+            x = rng.randint(0, args.vocab, (args.batch, args.block)).astype(
+                numpy.int32)
+            t = numpy.roll(x, -1, axis=1)
+        else:
+            # a stream of its own (the training windows used seed + 1)
+            x, t = _windows(ids, numpy.random.RandomState(args.seed + 2),
+                            args.batch, args.block)
         for _ in range(2):
             scaling.records = []
             m.cleargrads()
             with dtype_config(args.precision):
-                scaling.backward(lm_loss(m(x), numpy.roll(x, -1, axis=1)))
+                scaling.backward(lm_loss(m(x), t))
         rows = {r['layer']: r['uf_in'] for r in scaling.records}
         details = [r for r in scaling.records if args.detail is not None
                    and r['layer'].startswith(args.detail)]
@@ -87,17 +169,23 @@ def main():
         print('{:<28} {:>9} {:<24} {:>9} {:>9} {:>4}/{}'.format(
             mode, pct(seen[worst]), worst, pct(rows['lm_head']),
             pct(max(attn) if attn else None), ok, len(rows)), flush=True)
+        floors = {r['layer']: r.get('uf_floor') for r in scaling.records}
         if args.list:
+            # floor: the least share one scale of the tensor could flush
             print('    above 0.1 %: ' + ', '.join(
-                '{} {}'.format(k, pct(v)) for k, v in seen.items()
-                if v > 1e-3))
+                '{} {} (floor {})'.format(k, pct(v), pct(floors[k]))
+                for k, v in seen.items() if v > 1e-3))
+            empty = [k for k in rows if k not in seen]
+            if empty:
+                print('    no nonzero entry entering: ' + ', '.join(empty))
         for r in details:
             print('    {:<24} alpha 2^{:<4g} beta 2^{:<3g} set_by {:<5} uf_in '
-                  '{:6.2%} headroom in {:5.2f} out {:5.2f}'.format(
+                  '{:6.2%} (floor {:6.2%}) headroom in {:5.2f} out {:5.2f} '
+                  'err_x {:.2e}'.format(
                       r['layer'], numpy.log2(r['alpha']),
                       numpy.log2(r['beta']), r['set_by'] or '-',
-                      r['uf_in'], r['headroom_in_log2'],
-                      r['headroom_log2']))
+                      r['uf_in'], r['uf_floor'], r['headroom_in_log2'],
+                      r['headroom_log2'], r['err_x']))
 
 
 if __name__ == '__main__':

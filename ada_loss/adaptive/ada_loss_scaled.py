@@ -102,13 +102,37 @@ class AdaLossScaled(object):
             read); what it noted is read after a skipped step.
         backoff_window (int): clean steps after which each layer's backoff
             is relaxed by one power of two (default 100).
+        nonlinear_scale (bool): *not in the paper* (default True): where
+            the backward of a softmax (attention's: y ⊙ (g − Σ y·g)) or a
+            GELU leaves more than ``t_uf`` of its input gradient's nonzero
+            entries to flush to zero in ``fmt`` where the next GEMM stores
+            it (after the mask and 1/√d), that gradient is sent on at α·σ,
+            σ the power of two that puts its largest entry into the
+            format's top binade
+            (:func:`~ada_loss.loss_scale.fit.top_binade_scale`, the rule of
+            ``init_scale='amax'``): these nodes multiply the gradient by
+            factors ≪ 1 (probabilities; GELU's derivative for x ≪ 0), which
+            §3.2.2's assumption (an element-wise op does not change
+            underflow) does not cover (docs/modes.md). A no-op where
+            nothing flushes beyond T_uf and in graphs with neither node
+            (the CNNs: their loss is softmax cross-entropy, another node).
+            σ is decided on the host: on device arrays one read per node.
+        split_scales (bool): *not in the paper* (default True): at a split
+            along the last axis (a GPT's Q/K/V split of ``c_attn``'s
+            output) whose output gradients arrive at different scales, each
+            slice keeps its own scale until the GEMM that consumes the
+            concatenation has rounded it, then is brought to Algorithm 5's
+            common α in FP32 (docs/modes.md: a concatenation adds nothing,
+            so Algorithm 5's reason to rescale before the rounding is
+            absent). False: Algorithm 5 before the concatenation.
         verbose (bool): print which layers were converted.
     """
 
     def __init__(self, model, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt='float16', bound=None,
                  max_layer_scale=None, max_accum_scale=None, guard=True,
-                 backoff_window=100, style='paper', verbose=True):
+                 backoff_window=100, style='paper', nonlinear_scale=True,
+                 split_scales=True, verbose=True):
         if style not in STYLES:
             raise ValueError('unknown style {!r}; expected one of: {}'
                              .format(style, ', '.join(STYLES)))
@@ -137,6 +161,13 @@ class AdaLossScaled(object):
             raise ValueError('guard must be true or false, got {!r}'
                              .format(guard))
         positive_int('backoff_window', backoff_window)
+        for name, v in (('nonlinear_scale', nonlinear_scale),
+                        ('split_scales', split_scales)):
+            if not isinstance(v, bool):
+                raise ValueError('{} must be true or false, got {!r}'
+                                 .format(name, v))
+        self.nonlinear_scale = nonlinear_scale
+        self.split_scales = split_scales
         self.model = model
         self.init_scale = 1.0 if self.auto_init else float(init_scale)
         self.t_uf = float(t_uf)
@@ -284,6 +315,33 @@ class AdaLossScaled(object):
             [(f.gemm_weight(), f.grad_input_axes) for f in nodes])
         return {id(f): r for f, r in zip(nodes, rows)}
 
+    def _nonlinear_scale(self, g, alpha):
+        """σ for a softmax's or GELU's input gradient ``g`` carried at
+        ``alpha`` where the next GEMM stores it (``nonlinear_scale``): 1
+        unless more than T_uf of its nonzero entries round to zero in the
+        format, else the power of two ≥ 1 that puts its largest entry into
+        the top binade, capped by ``max_accum_scale`` and by 2^64 on
+        α·σ."""
+        if not isinstance(g, numpy.ndarray):
+            g = chainer.backend.CpuDevice().send(g)     # one read
+        # (float16 arrays widened exactly: the format rounds float32)
+        a = numpy.abs(g).astype(numpy.float32, copy=False)
+        nonzero = int(numpy.count_nonzero(a))
+        if not nonzero:
+            return 1.0
+        flushed = int(numpy.count_nonzero(
+            (a != 0) & (self.fmt.quantize(a) == 0)))
+        if flushed <= self.t_uf * nonzero:
+            return 1.0
+        peak = float(a.max())
+        if not math.isfinite(peak):
+            return 1.0
+        alpha_host = host_float(alpha)
+        sigma = min(top_binade_scale(peak, self.fmt),
+                    round_down_pow2(MAX_LOSS_SCALE / alpha_host))
+        sigma = self._cap_accum(alpha_host, sigma)
+        return max(sigma, 1.0)
+
     def _cap_accum(self, alpha, beta):
         if self.max_accum_scale is None:
             return beta
@@ -324,8 +382,11 @@ class AdaLossScaled(object):
                 and self.style == 'paper' and self.uses_weight_statistics
                 and (self.iteration - 1) % self.update_interval == 0):
             self._device_w_stats = self._batch_weight_statistics(loss)
-        bp = ScaledBackprop(self._gemm_scale, self.fmt.u_max, self._observe,
-                            self._weight_scale, entry, guard=guard)
+        bp = ScaledBackprop(
+            self._gemm_scale, self.fmt.u_max, self._observe,
+            self._weight_scale, entry, guard=guard,
+            nonlinear_scale=self._nonlinear_scale if self.nonlinear_scale
+            else None, split_scales=self.split_scales)
         bp.run(loss, init_scale)
         self._device_w_stats = {}
         self._last_pass = bp
@@ -446,6 +507,16 @@ class AdaLossScaled(object):
         values are Python floats (powers of two).
         """
         return self._read_records(0)
+
+    def nonlinear_scales(self):
+        """[(node label, σ)] of each softmax and GELU of the last pass (its
+        input gradient went on at α·σ: ``nonlinear_scale``; σ = 1 where
+        nothing flushed beyond T_uf), in backward order (the last block
+        first); [] without ``nonlinear_scale``."""
+        if self._last_pass is None:
+            return []
+        return [(label, host_float(s))
+                for label, _, s in self._last_pass.nonlinear_records]
 
     def layer_scales(self):
         """{layer path: β, the local loss scale of that GEMM} (last pass)."""

@@ -35,6 +35,9 @@ class AmaxLossScaled(AdaLossScaled):
             over it is used.
         guard, backoff_window: the overflow guard and the backoff after
             skipped steps, as :class:`AdaLossScaled` (not in any recipe).
+        nonlinear_scale, split_scales: as :class:`AdaLossScaled` (the scale
+            a softmax's input gradient and a split's slices carry; on by
+            default).
 
     The weight and bias gradients of each GEMM, which sum over the batch
     and can be far larger than the input gradient, get their own scale
@@ -50,7 +53,8 @@ class AmaxLossScaled(AdaLossScaled):
 
     def __init__(self, model, init_scale=1.0, margin=8, history=16,
                  fmt='float16', max_accum_scale=2.0 ** 24, guard=True,
-                 backoff_window=100, verbose=True):
+                 backoff_window=100, nonlinear_scale=True, split_scales=True,
+                 verbose=True):
         if isinstance(init_scale, str):
             raise ValueError("amax: init_scale must be a positive number "
                              "('auto' is an option of adaptive), got {!r}"
@@ -62,7 +66,8 @@ class AmaxLossScaled(AdaLossScaled):
         super(AmaxLossScaled, self).__init__(
             model, init_scale=init_scale, fmt=fmt,
             max_accum_scale=max_accum_scale, guard=guard,
-            backoff_window=backoff_window, verbose=verbose)
+            backoff_window=backoff_window, nonlinear_scale=nonlinear_scale,
+            split_scales=split_scales, verbose=verbose)
 
     def _key(self, func, what):
         key = func.scale_key if func.scale_key is not None else \

@@ -16,7 +16,12 @@ at:
   (:class:`ada_loss.functions.matmul.OperandGradient`, whose key is the
   node's with ``:a`` or ``:b``): gA at α·β_a, gB at α·β_b;
 * every other node passes α through unchanged (§3.2.2: element-wise ops,
-  batch normalization, pooling, reshapes, the loss ...);
+  batch normalization, pooling, reshapes, the loss ...), except, with
+  ``nonlinear_scale``, a softmax's or a GELU's input gradient, which may
+  go on at α·σ (σ a power of two decided where the next GEMM stores it);
+* with ``split_scales``, the slices of a split along the last axis keep
+  their own scales until the GEMM that consumes the concatenation has
+  rounded them (not in the paper: docs/modes.md);
 * wherever gradients meet — the several consumers of one variable (fan-out),
   or the several outputs of one node — they are rescaled to one scale by
   Algorithm 5 before anything sums them;
@@ -58,9 +63,17 @@ import chainer.functions as F
 from chainer.functions.connection import convolution_2d as _c_conv
 from chainer.functions.connection import deconvolution_2d as _c_deconv
 from chainer.functions.connection import linear as _c_linear
+from chainer.functions.activation import softmax as _c_softmax
+from chainer.functions.array import cast as _c_cast
+from chainer.functions.array import reshape as _c_reshape
+from chainer.functions.array import split_axis as _c_split_axis
+from chainer.functions.array import transpose as _c_transpose
+from chainer.functions.array import where as _c_where
+from chainer.functions.math import basic_math as _c_basic_math
 from chainer.functions.math import matmul as _c_matmul
 
 from ada_loss.formats import get_format
+from ada_loss.functions.gelu import GELU
 from ada_loss.functions.gemm import GemmFunction
 from ada_loss.functions.matmul import MatMulFunction
 from ada_loss.functions.scales import (
@@ -82,6 +95,63 @@ class ScaleAwareBackwardError(RuntimeError):
 
 def _max_abs(v):
     return max_abs(v.array)
+
+
+#: The attribute of a gradient Variable whose slices along its last axis
+#: are still carried at their own scales (``split_scales``): a 1-d array
+#: of powers of two along that axis, each the ratio (common α) / (the
+#: slice's α) that brings the slice to the Variable's scale.
+_SLICE_RATIO = '_ada_slice_ratio'
+
+
+def slice_ratio(v):
+    """The per-slice ratios ``v`` still owes (see :data:`_SLICE_RATIO`),
+    or None: ``v`` is at one scale."""
+    return None if v is None else getattr(v, _SLICE_RATIO, None)
+
+
+def _with_ratio(v, ratio):
+    if ratio is not None and v is not None:
+        setattr(v, _SLICE_RATIO, ratio)
+    return v
+
+
+def _materialized(v):
+    """``v`` with every slice brought to its common scale (a product by
+    powers of two: exact in FP32)."""
+    ratio = slice_ratio(v)
+    if ratio is None:
+        return v
+    return chainer.Variable(v.array * ratio, requires_grad=False)
+
+
+#: The attribute of a gradient Variable that left a softmax or a GELU and
+#: has not been stored by a GEMM yet (``nonlinear_scale``): its σ is
+#: decided where it is stored. Its value: that node's label.
+_NONLINEAR_PENDING = '_ada_nonlinear_pending'
+
+#: Nodes that only mask, cast, reshape or multiply a gradient by a constant
+#: (attention's causal mask and 1/√d between its softmax and Q·Kᵀ): a
+#: softmax's or GELU's gradient passes through them with its σ still to be
+#: decided.
+_PASSTHROUGH = (_c_where.Where, _c_basic_math.MulConstant, _c_cast.Cast,
+                _c_reshape.Reshape, _c_transpose.Transpose)
+
+
+#: Element-wise nodes whose backward multiplies the gradient by factors
+#: that can be far below 1 (§3.2.2's assumption fails): the softmax
+#: (probabilities) and GELU (Φ(x) + x·φ(x) → 0 for x ≪ 0).
+_SHRINKING = (_c_softmax.Softmax, GELU)
+
+
+def _concat_ratio(func, present, ratios, xp, dtype):
+    """The ratios along the last axis of a split's input gradient: each
+    output's section length times its ratio (1 for an output that got no
+    gradient: its slice is zeros)."""
+    by_output = {i: r for (i, _, _), r in zip(present, ratios)}
+    parts = [xp.ones((shape[-1],), dtype) * by_output.get(i, 1.0)
+             for i, shape in enumerate(func._shapes)]
+    return xp.concatenate(parts).astype(dtype, copy=False)
 
 
 def gemm_key(func):
@@ -141,6 +211,26 @@ def gemm_nodes(loss):
             found.append(f)
         stack.extend(x.creator_node for x in f.inputs)
     return found
+
+
+def _stored_grad(func, g):
+    """The gradient ``g`` entering GEMM ``func`` as the GEMM stores it
+    (:meth:`~ada_loss.functions.gemm.GemmSettings.quantize_grad_output`);
+    a gradient with slice ratios (``split_scales``) is rounded with each
+    slice at its own scale, then brought to its common scale in FP32 (a
+    per-slice power of two, as a block-scaled GEMM applies its block
+    scales to the products)."""
+    ratio = slice_ratio(g)
+    q = func.quantize_grad_output(g)
+    if ratio is None:
+        return q
+    v = chainer.Variable(q.array * ratio, requires_grad=False)
+    marker = getattr(q, '_ada_quantized', None)
+    if marker is not None:
+        v._ada_quantized = marker       # stored: not rounded again
+        v._ada_source = chainer.Variable(g.array * ratio,
+                                         requires_grad=False)
+    return v
 
 
 class HostScales(object):
@@ -265,16 +355,39 @@ class ScaledBackprop(object):
             array as carried (before the GEMM rounds it) and its scale.
         guard (bool): the overflow guard (see the module docstring; on
             device arrays decided on the device).
+        nonlinear_scale (callable or None): ``nonlinear_scale(g, alpha)`` →
+            σ (a power of two ≥ 1) for the input gradient the backward of a
+            softmax or a GELU (:data:`_SHRINKING`) produced, as ``g`` (an
+            array at scale ``alpha``) where it is stored — entering the
+            next GEMM, after masks, casts, reshapes and constant factors
+            (attention's 1/√d), or wherever it meets anything else first:
+            it goes on at α·σ (docs/modes.md, *A softmax or a GELU between
+            two GEMMs*; not in the paper). None: α passes through those
+            nodes (§3.2.2).
+        split_scales (bool): where the gradients of the outputs of a split
+            along the last axis meet (its backward is a concatenation, not
+            a sum), each slice keeps its own scale until the next GEMM
+            stores it, and is brought to the common α (Algorithm 5's) only
+            after that GEMM has rounded it (docs/modes.md, *A split is not a
+            sum*; not in the paper). False: rescaled to the common α before
+            the concatenation (Algorithm 5 as at a sum). float32 arrays
+            only (FP16 ones are rescaled at the split, as before).
     """
 
     def __init__(self, gemm_scale, u_max, observe=None, weight_scale=None,
-                 loss_gradient=None, guard=False):
+                 loss_gradient=None, guard=False, nonlinear_scale=None,
+                 split_scales=False):
         self.gemm_scale = gemm_scale
         self.u_max = u_max
         self.observe = observe
         self.weight_scale = weight_scale
         self.loss_gradient = loss_gradient
         self.guard = guard
+        self.nonlinear_scale = nonlinear_scale
+        self.split_scales = split_scales
+        #: (node label, α, σ) of each softmax or GELU
+        #: (``nonlinear_scale``), backward order
+        self.nonlinear_records = []
         # VariableNode -> whether its gradient reached it through no GEMM
         # (tracked for ``loss_gradient`` only)
         self._direct = {}
@@ -371,6 +484,8 @@ class ScaledBackprop(object):
             return None, None
         if len(entries) == 1:
             return entries[0]
+        # gradients that meet are summed: each at one scale first
+        entries = [self._settled(_materialized(g), a) for g, a in entries]
         scales = [a for _, a in entries]
         alpha, ratios = self.scales.common(scales, [g for g, _ in entries],
                                            self.u_max)
@@ -441,6 +556,7 @@ class ScaledBackprop(object):
                 entries = [(var.grad_var, 1.0 if prev is None else prev)] \
                     + entries
             g, alpha = self._merge(entries, node)
+            g, alpha = self._settled(_materialized(g), alpha)
             var._set_grad_var_without_check(g)
             var._loss_scale = self.scales.leaf(alpha)
         return self
@@ -464,15 +580,48 @@ class ScaledBackprop(object):
         origins = frozenset().union(*[self._origin.pop(y, ())
                                       for y in outputs if y is not None])
         out_grad = [None] * len(outputs)
+        # slice ratios the gradient carries on (split_scales): set at a
+        # split, passed through reshapes, applied by the next GEMM after it
+        # has stored the gradient (anywhere else: applied first)
+        ratio = None
+        pending = False
         if len(present) == 1:
             i, g, alpha = present[0]
+            if getattr(g, _NONLINEAR_PENDING, False):
+                if isinstance(func, (GemmFunction, MatMulFunction)):
+                    # where the gradient is stored: σ decided on the
+                    # values this GEMM rounds
+                    g, alpha = self._settled(g, alpha)
+                elif isinstance(func, _PASSTHROUGH) and \
+                        len(targets) == 1:
+                    pending = True
+                else:
+                    g, alpha = self._settled(g, alpha)
             out_grad[i] = g
+            ratio = slice_ratio(g)
+            if ratio is not None and not (
+                    isinstance(func, GemmFunction)
+                    or self._keeps_last_axis(func, ratio)):
+                out_grad[i] = _materialized(g)
+                ratio = None
         else:
+            present = [(i,) + self._settled(_materialized(g), a)
+                       for i, g, a in present]
             scales = [a for _, _, a in present]
             alpha, ratios = self.scales.common(
                 scales, [g for _, g, _ in present], self.u_max)
-            for (i, g, _), r in zip(present, ratios):
-                out_grad[i] = self.scales.rescale(g, r)
+            if self._defers_split(func, present):
+                # a concatenation adds nothing: each slice stays at its
+                # own scale until the GEMM that consumes it has rounded it
+                g0 = present[0][1].array
+                ratio = _concat_ratio(func, present, ratios,
+                                      backend.get_array_module(g0),
+                                      g0.dtype)
+                for i, g, _ in present:
+                    out_grad[i] = g
+            else:
+                for (i, g, _), r in zip(present, ratios):
+                    out_grad[i] = self.scales.rescale(g, r)
         out_grad = tuple(out_grad)
 
         is_gemm = isinstance(func, GemmFunction)
@@ -489,15 +638,16 @@ class ScaledBackprop(object):
             check = self._check_entering if host else \
                 self._check_entering_on_device
             out_grad, alpha = check(func, key, out_grad, alpha, origins)
+            _with_ratio(out_grad[0], ratio)
             entering_alpha = alpha
         in_scales = [alpha] * len(inputs)
         if is_gemm:
             if direct:
-                self.loss_gradient(func, out_grad[0].array, alpha)
+                self.loss_gradient(func, _materialized(out_grad[0]).array,
+                                   alpha)
             # The gradient as the GEMM stores it (its backward format): the
             # statistics of Algorithm 4 see the stored values.
-            out_grad = (func.quantize_grad_output(out_grad[0]),) \
-                + out_grad[1:]
+            out_grad = (_stored_grad(func, out_grad[0]),) + out_grad[1:]
             beta = gamma = 1.0
             if 0 in targets:
                 beta = self.gemm_scale(func, func.gemm_weight(),
@@ -556,6 +706,17 @@ class ScaledBackprop(object):
                 if by_input.get(i) is not None)))
         else:
             gxs = func.backward(targets, out_grad)
+            if ratio is not None:
+                # a split's concatenation or a reshape that keeps the last
+                # axis: the slices are where they were
+                _with_ratio(gxs[0], ratio)
+            if (pending or self.nonlinear_scale is not None and isinstance(
+                    func, _SHRINKING)) and gxs[0] is not None:
+                # σ is decided where the gradient is stored (the next
+                # GEMM); the mark names the node it came from
+                source = getattr(out_grad[0], _NONLINEAR_PENDING) \
+                    if pending else func.label
+                setattr(gxs[0], _NONLINEAR_PENDING, source)
         for hook in hooks:
             hook.backward_postprocess(func, in_data, out_arrays)
         if is_gemm and self.observe is not None:
@@ -589,6 +750,45 @@ class ScaledBackprop(object):
             else:
                 add_cand(x.creator_node)
 
+    def _defers_split(self, func, present):
+        """Whether the gradients of ``func``'s outputs keep their own
+        scales through it: a split along the last axis (its backward is a
+        concatenation) of float32 gradients at different scales, with
+        ``split_scales``."""
+        if not self.split_scales or not isinstance(
+                func, _c_split_axis.SplitAxis):
+            return False
+        ndim = len(func._shapes[0])
+        return func.axis % ndim == ndim - 1 and all(
+            g.array.dtype == numpy.float32 for _, g, _ in present)
+
+    @staticmethod
+    def _keeps_last_axis(func, ratio):
+        """A reshape whose input and output share the last axis that the
+        slice ratios run along: the slices pass through in place."""
+        if not isinstance(func, _c_reshape.Reshape):
+            return False
+        y = func.outputs[0]()
+        n = ratio.shape[0]
+        return y is not None and func.inputs[0].shape[-1] == n and \
+            y.shape[-1] == n
+
+    def _settled(self, g, alpha):
+        """``(g, α)``, or for a softmax's or GELU's gradient whose σ is
+        still to be decided (``nonlinear_scale``) ``(σ·g, α·σ)``: σ from the values
+        where it is stored (the GEMM it enters) or where it meets anything
+        but a mask, a cast, a reshape or a constant factor."""
+        if g is None or not getattr(g, _NONLINEAR_PENDING, False):
+            return g, alpha
+        sigma = self.nonlinear_scale(g.array, alpha)
+        self.nonlinear_records.append((getattr(g, _NONLINEAR_PENDING),
+                                       alpha, sigma))
+        if sigma == 1:
+            g = chainer.Variable(g.array, requires_grad=False)  # unmarked
+            return g, alpha
+        return self.scales.rescale(g, sigma), self.scales.product(
+            alpha, sigma)
+
     def _step_matmul(self, func, targets, inputs, out_grad, alpha, origins,
                      direct, grads, add_cand, leaves, hooks_base):
         """:meth:`_step` for a GEMM of two activations: the entering
@@ -599,6 +799,7 @@ class ScaledBackprop(object):
         own and sent on at α·β_i."""
         key = gemm_key(func)
         host = not self.scales.on_device
+        out_grad = (_materialized(out_grad[0]),) + tuple(out_grad[1:])
         views = {i: func.operand_gradient(i) for i in targets}
         self.layers.extend(v.scale_key for v in views.values())
         check = self._check_entering if host else \

@@ -34,6 +34,11 @@ layer and step it can report:
   unrounded entering gradient: what the rounding of this layer costs;
 * ``alpha``: the scale the entering gradient carries (filled in after the
   pass by :class:`ProbingLossScaling`);
+* ``uf_floor`` (not a CSV column): the ``uf_in`` the entering gradient
+  would have with its largest entry put into the format's top binade by a
+  power of two (:func:`~ada_loss.loss_scale.fit.top_binade_scale`): the
+  least share that any one scale of the tensor could flush — what is left
+  above it is the scaling's, what is below it the format's range;
 * ``log2_hist`` (not a CSV column): {e: count} of the nonzero entries of
   the unrounded entering gradient with |g| in [2^(e-1), 2^e), shifted by
   log2 α to the true gradient by :class:`ProbingLossScaling`
@@ -54,6 +59,7 @@ import chainer
 import numpy
 
 from ada_loss import atomic
+from ada_loss.adaptive.backward import slice_ratio
 from ada_loss.analysis import grad_stats
 from ada_loss.analysis.observing import (
     ObservationsWriter, ObservingLossScaling)
@@ -61,6 +67,7 @@ from ada_loss.analysis.recorder import GradientRecorder
 from ada_loss.functions.gemm import GemmFunction, GemmSettings
 from ada_loss.functions.matmul import MatMulFunction
 from ada_loss.loss_scale import gemm as G
+from ada_loss.loss_scale.fit import top_binade_scale
 
 #: Column order of the probe's CSV.
 FIELDS = ('mode', 'iteration', 'layer_id', 'layer', 'alpha', 'beta',
@@ -76,6 +83,16 @@ def _nonzero_lost(before, after):
     nz = before != 0
     n = int(nz.sum())
     return float((nz & (after == 0)).sum()) / n if n else float('nan')
+
+
+def _flush_floor(raw, fmt):
+    """The share of the nonzero entries of ``raw`` that round to zero in
+    ``fmt`` once its peak is put into the top binade (``uf_floor``)."""
+    peak = float(numpy.abs(raw).max()) if raw.size else 0.0
+    if not (peak > 0 and math.isfinite(peak)):
+        return float('nan')
+    scale = numpy.float32(top_binade_scale(peak, fmt))
+    return _nonzero_lost(raw, fmt.quantize(raw * scale))
 
 
 @contextlib.contextmanager
@@ -117,7 +134,9 @@ class GemmProbe(chainer.FunctionHook):
 
         def quantize_grad_output(func, gy):
             if gy is not None and getattr(gy, '_ada_quantized', None) is None:
-                probe._raw[id(func)] = gy.array
+                # with its slice ratios (split_scales): the GEMM rounds the
+                # slices at their own scales, then applies the ratios
+                probe._raw[id(func)] = (gy.array, slice_ratio(gy))
             return original(func, gy)
         GemmSettings.quantize_grad_output = quantize_grad_output
         return super(GemmProbe, self).__enter__()
@@ -148,8 +167,14 @@ class GemmProbe(chainer.FunctionHook):
                 or function.grad_format is None:
             return
         fmt = function.grad_format
-        raw = self._raw.pop(id(function), out_grad[0])
+        raw, ratio = self._raw.pop(id(function), (out_grad[0], None))
         gy = fmt.quantize(raw)
+        uf_in = _nonzero_lost(raw, gy)
+        floor = _flush_floor(raw, fmt)
+        peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
+        if ratio is not None:
+            # every slice at the common scale (exact: powers of two)
+            raw, gy = raw * ratio, gy * ratio
         key = function.scale_key or function.label
         lid = self.layer_ids.setdefault(key, len(self.layer_ids))
         x, W = in_data[0], in_data[1]
@@ -160,9 +185,8 @@ class GemmProbe(chainer.FunctionHook):
         bgx = gx * numpy.float32(beta)
         q = fmt.quantize(bgx)
         peak = float(numpy.abs(bgx).max()) if bgx.size else 0.0
-        peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
         row = {'layer_id': lid, 'layer': key, 'beta': beta,
-               'uf_in': _nonzero_lost(raw, gy),
+               'uf_in': uf_in, 'uf_floor': floor,
                'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
                'headroom_in_log2': (math.log2(fmt.u_max / peak_in)
                                     if peak_in > 0 else float('nan')),
@@ -213,12 +237,13 @@ class GemmProbe(chainer.FunctionHook):
         predictions and ``err_x``; no weight gradient (``k``, ``uf_w``,
         ``err_w`` NaN)."""
         fmt = function.grad_format
-        raw = self._raw.pop(id(function), gy_in)
+        raw = self._raw.pop(id(function), (gy_in, None))[0]
         gy = fmt.quantize(raw)
         if not isinstance(scales, dict):     # Chainer's backward: all 1
             scales = {0: scales, 1: scales}
         peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
         shared = {'uf_in': _nonzero_lost(raw, gy),
+                  'uf_floor': _flush_floor(raw, fmt),
                   'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
                   'headroom_in_log2': (math.log2(fmt.u_max / peak_in)
                                        if peak_in > 0 else float('nan')),

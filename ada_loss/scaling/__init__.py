@@ -14,9 +14,10 @@
 ``adaptive[:k=v]`` layer-wise adaptive scaling (this paper); keys
                    ``init_scale``, ``t_uf``, ``update_interval``, ``fmt``,
                    ``bound``, ``max_layer_scale``,
-                   ``max_accum_scale``
+                   ``max_accum_scale``, ``nonlinear_scale``, ``split_scales``
 ``amax[:k=v]``     max-based layer-wise scaling; keys ``init_scale``,
-                   ``margin``, ``history``, ``fmt``, ``max_accum_scale``
+                   ``margin``, ``history``, ``fmt``, ``max_accum_scale``,
+                   ``nonlinear_scale``, ``split_scales``
 =================  ========================================================
 
 Every method targets the range of the gradient format of the run's precision

@@ -167,12 +167,13 @@ class AdaptiveScaling(LossScaling):
     def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
                  fmt=None, bound=None, max_layer_scale=None,
                  max_accum_scale=None, guard=True, backoff_window=100,
-                 style='paper'):
+                 style='paper', nonlinear_scale=True, split_scales=True):
         self._init(dict(
             init_scale=init_scale, t_uf=t_uf, update_interval=update_interval,
             fmt=fmt, bound=bound, max_layer_scale=max_layer_scale,
             max_accum_scale=max_accum_scale, guard=guard,
-            backoff_window=backoff_window, style=style))
+            backoff_window=backoff_window, style=style,
+            nonlinear_scale=nonlinear_scale, split_scales=split_scales))
 
     def _init(self, options):
         self.options = options
@@ -242,8 +243,11 @@ class AmaxScaling(AdaptiveScaling):
                     'max_accum_scale': 'cap', 'backoff_window': 'int'}
 
     def __init__(self, init_scale=1.0, margin=8, history=16, fmt=None,
-                 max_accum_scale=2.0 ** 24, guard=True, backoff_window=100):
+                 max_accum_scale=2.0 ** 24, guard=True, backoff_window=100,
+                 nonlinear_scale=True, split_scales=True):
         self._init(dict(init_scale=init_scale, margin=margin,
                         history=history, fmt=fmt,
                         max_accum_scale=max_accum_scale, guard=guard,
-                        backoff_window=backoff_window))
+                        backoff_window=backoff_window,
+                        nonlinear_scale=nonlinear_scale,
+                        split_scales=split_scales))

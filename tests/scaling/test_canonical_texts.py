@@ -363,7 +363,8 @@ def test_every_numeric_option_has_a_stored_kind():
         style_options
     from ada_loss.scaling import AmaxScaling
     from ada_loss.scaling.modes import _allowed_options
-    words = {'fmt', 'bound', 'guard', 'style'}
+    words = {'fmt', 'bound', 'guard', 'style', 'nonlinear_scale',
+             'split_scales'}
     for name, cls in (('adaptive', AdaptiveScaling), ('amax', AmaxScaling)):
         assert set(cls.option_kinds) == set(_allowed_options(name)) - words
     for style in STYLES:
