@@ -51,19 +51,30 @@ def _fp32(fn, x):
 
 class LayerNorm(chainer.Chain):
     """LayerNormalization over the last axis of (..., C), FP32 parameters
-    and statistics whatever the activations' dtype."""
+    and statistics whatever the activations' dtype; ``bias=False``: the
+    scale γ only (nanoGPT's ``bias=False``; Chainer's link always has a β,
+    so it is removed and the normalization runs with a constant zero)."""
 
-    def __init__(self, size, eps=1e-5):
+    def __init__(self, size, eps=1e-5, bias=True):
         super(LayerNorm, self).__init__()
         with self.init_scope(), chainer.using_config('dtype',
                                                      numpy.float32):
             self.ln = L.LayerNormalization(size, eps=eps)
+        if not bias:
+            del self.ln.beta
 
     def forward(self, x):
         shape = x.shape
+        ln = self.ln
 
         def norm(h):
-            return F.reshape(self.ln(F.reshape(h, (-1, shape[-1]))), shape)
+            h = F.reshape(h, (-1, shape[-1]))
+            if hasattr(ln, 'beta'):
+                h = ln(h)
+            else:
+                h = F.layer_normalization(
+                    h, ln.gamma, self.xp.zeros_like(ln.gamma.array), ln.eps)
+            return F.reshape(h, shape)
         return _fp32(norm, x)
 
 
@@ -72,7 +83,7 @@ class CausalSelfAttention(chainer.Chain):
     softmax(Q·Kᵀ/√d + mask)·V, ``c_proj`` (C → C)."""
 
     def __init__(self, n_embd, n_head, n_layer, stat='tensor',
-                 attention_format=None):
+                 attention_format=None, bias=True):
         super(CausalSelfAttention, self).__init__()
         if n_embd % n_head:
             raise ValueError('n_embd ({}) must be a multiple of n_head ({})'
@@ -83,13 +94,14 @@ class CausalSelfAttention(chainer.Chain):
         self.n_head = n_head
         axis = 1 if stat == 'head' else None   # (B, H, T, ·): heads
         with self.init_scope():
-            self.c_attn = AL.Linear(n_embd, 3 * n_embd, initialW=_normal(
-                0.02))
+            self.c_attn = AL.Linear(n_embd, 3 * n_embd, nobias=not bias,
+                                    initialW=_normal(0.02))
             self.qk = AL.MatMul(axis, attention_format)
             self.pv = AL.MatMul(axis, attention_format)
             # GPT-2's scaled init of the projections into the residual
-            self.c_proj = AL.Linear(n_embd, n_embd, initialW=_normal(
-                0.02 / math.sqrt(2 * n_layer)))
+            self.c_proj = AL.Linear(n_embd, n_embd, nobias=not bias,
+                                    initialW=_normal(
+                                        0.02 / math.sqrt(2 * n_layer)))
 
     def forward(self, x):
         B, T, C = x.shape
@@ -114,12 +126,14 @@ class CausalSelfAttention(chainer.Chain):
 class MLP(chainer.Chain):
     """``c_fc`` (C → 4C), GELU, ``c_proj`` (4C → C)."""
 
-    def __init__(self, n_embd, n_layer):
+    def __init__(self, n_embd, n_layer, bias=True):
         super(MLP, self).__init__()
         with self.init_scope():
-            self.c_fc = AL.Linear(n_embd, 4 * n_embd, initialW=_normal(0.02))
-            self.c_proj = AL.Linear(4 * n_embd, n_embd, initialW=_normal(
-                0.02 / math.sqrt(2 * n_layer)))
+            self.c_fc = AL.Linear(n_embd, 4 * n_embd, nobias=not bias,
+                                  initialW=_normal(0.02))
+            self.c_proj = AL.Linear(4 * n_embd, n_embd, nobias=not bias,
+                                    initialW=_normal(
+                                        0.02 / math.sqrt(2 * n_layer)))
 
     def forward(self, x):
         return self.c_proj(AF.gelu(self.c_fc(x, n_batch_axes=2)),
@@ -130,14 +144,14 @@ class Block(chainer.Chain):
     """x + attn(ln1(x)), then x + mlp(ln2(x)) (pre-LayerNorm)."""
 
     def __init__(self, n_embd, n_head, n_layer, stat='tensor',
-                 attention_format=None):
+                 attention_format=None, bias=True):
         super(Block, self).__init__()
         with self.init_scope():
-            self.ln1 = LayerNorm(n_embd)
+            self.ln1 = LayerNorm(n_embd, bias=bias)
             self.attn = CausalSelfAttention(n_embd, n_head, n_layer, stat,
-                                            attention_format)
-            self.ln2 = LayerNorm(n_embd)
-            self.mlp = MLP(n_embd, n_layer)
+                                            attention_format, bias)
+            self.ln2 = LayerNorm(n_embd, bias=bias)
+            self.mlp = MLP(n_embd, n_layer, bias)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -160,11 +174,13 @@ class GPT(chainer.Chain):
         attention_format (str or None): a format attention's two GEMMs
             keep whatever the precision (``'bfloat16'``, ``'float32'``;
             docs/precisions.md), or None: the precision's.
+        bias (bool): biases in the Linear layers and β in the LayerNorms
+            (GPT-2's); False: none (nanoGPT's ``bias=False``, the peer's).
     """
 
     def __init__(self, vocab_size, n_layer=4, n_head=4, n_embd=128,
                  block_size=64, tie_weights=False, attention_stat='tensor',
-                 attention_format=None):
+                 attention_format=None, bias=True):
         super(GPT, self).__init__()
         for name, v in (('vocab_size', vocab_size), ('n_layer', n_layer),
                         ('n_head', n_head), ('n_embd', n_embd),
@@ -179,8 +195,8 @@ class GPT(chainer.Chain):
             self.wpe = L.EmbedID(block_size, n_embd, initialW=_normal(0.02))
             self.blocks = chainer.ChainList(*[
                 Block(n_embd, n_head, n_layer, attention_stat,
-                      attention_format) for _ in range(n_layer)])
-            self.ln_f = LayerNorm(n_embd)
+                      attention_format, bias) for _ in range(n_layer)])
+            self.ln_f = LayerNorm(n_embd, bias=bias)
             if self.tie_weights:
                 self.lm_head = AL.TiedLinear(self.wte)
             else:
