@@ -16,6 +16,7 @@ extensions in decreasing priority.
 """
 import csv
 import io
+import math
 import os
 
 import numpy
@@ -75,6 +76,50 @@ class StepLearningRate(extension.Extension):
 
     def __call__(self, trainer):
         self._set(trainer)
+
+
+class WarmupCosine(StepLearningRate):
+    """nanoGPT's ``get_lr`` (Karpathy; the peer's ``learning_rate``,
+    scripts/gpt_torch_peer.py): for the update that follows ``i`` updates,
+    ``lr * (i + 1) / (warmup + 1)`` while ``i < warmup``, then a cosine
+    from ``lr`` down to ``min_lr`` at ``decay_iterations``, ``min_lr``
+    after it.
+
+    Chainer's AdamW takes the schedule as its multiplier ``eta`` (its
+    ``alpha`` stays ``lr``; the decoupled weight decay is ``eta *
+    weight_decay_rate * param``, so a ``weight_decay_rate`` of ``lr * wd``
+    decays by PyTorch's ``lr(i) * wd``): ``attr='eta'`` sets ``value / lr``
+    there; ``attr='lr'`` sets the rate itself (MomentumSGD). Computed from
+    the updater's counter only: a resumed run continues with the right
+    value.
+    """
+
+    def __init__(self, lr, min_lr, warmup_iterations, decay_iterations,
+                 attr='eta', optimizer=None):
+        if not 0 <= warmup_iterations <= decay_iterations:
+            raise ValueError('0 <= warmup_iterations <= decay_iterations was '
+                             'expected, got {} and {}'.format(
+                                 warmup_iterations, decay_iterations))
+        super(WarmupCosine, self).__init__(
+            lr, warmup_iterations=warmup_iterations, attr=attr,
+            optimizer=optimizer)
+        self.min_lr = min_lr
+        self.decay_iterations = decay_iterations
+
+    def rate(self, i):
+        """The learning rate of the update that follows ``i`` updates."""
+        if i < self.warmup_iterations:
+            return self.lr * (i + 1) / (self.warmup_iterations + 1)
+        if i > self.decay_iterations:
+            return self.min_lr
+        span = self.decay_iterations - self.warmup_iterations
+        ratio = (i - self.warmup_iterations) / span if span else 1.0
+        return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (
+            self.lr - self.min_lr)
+
+    def value(self, iteration, epoch_detail):
+        r = self.rate(iteration)
+        return r / self.lr if self.attr == 'eta' else r
 
 
 class CSVRecorder(extension.Extension):
