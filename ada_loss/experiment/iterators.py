@@ -1,9 +1,13 @@
 """A run's datasets and iterators: a random subset (:func:`subset`), the
 ranks' shards under data parallelism (:func:`scatter`), the iterator that
 resumes exactly (:func:`make_iterator`) and its seed on this rank
-(:func:`iterator_seed`)."""
+(:func:`iterator_seed`), and the fixed training windows of a
+character-level run (:class:`WindowIterator`)."""
 import chainer
 import numpy
+
+from ada_loss.datasets.char_corpus import batch
+from ada_loss.training.faults import fault_point
 
 from ada_loss.training.random_states import SerialIterator
 from ada_loss.training.seeded_iterator import SeededIterator
@@ -65,3 +69,59 @@ def scatter(train, test, batchsize, comm, seed, what='batchsize'):
     if test is not None:
         test = chainermn.scatter_dataset(test, comm)
     return train, test, batchsize
+
+
+class WindowIterator(chainer.dataset.Iterator):
+    """The training batches of a character-level run, in the order the
+    data contract fixes (:mod:`ada_loss.datasets.char_corpus`): step ``i``
+    is the windows at ``offsets[i]`` of ``ids`` (inputs and targets one
+    character on), whatever the method. Its state is the step reached
+    (in the snapshot: a resumed run reads the next row). One pass over the
+    rows is one epoch; past the last row it stops. Fault point
+    ``train_batch`` (:mod:`ada_loss.training.faults`), as the other
+    training iterators.
+    """
+
+    def __init__(self, ids, offsets, block_size):
+        offsets = numpy.asarray(offsets)
+        if offsets.ndim != 2:
+            raise ValueError('offsets of shape (steps, batch) were expected, '
+                             'got {}'.format(offsets.shape))
+        self.ids = ids
+        self.offsets = offsets
+        self.block_size = block_size
+        self.batch_size = offsets.shape[1]
+        self.iteration = 0
+
+    def __next__(self):
+        fault_point('train_batch')
+        if self.iteration >= len(self.offsets):
+            raise StopIteration
+        x, y = batch(self.ids, self.offsets[self.iteration],
+                     self.block_size)
+        self.iteration += 1
+        return list(zip(x, y))
+
+    next = __next__
+
+    @property
+    def epoch(self):
+        return self.iteration // len(self.offsets)
+
+    @property
+    def epoch_detail(self):
+        return self.iteration / len(self.offsets)
+
+    @property
+    def previous_epoch_detail(self):
+        return max(self.iteration - 1, 0) / len(self.offsets)
+
+    @property
+    def is_new_epoch(self):
+        return self.iteration == len(self.offsets)
+
+    def reset(self):
+        self.iteration = 0
+
+    def serialize(self, serializer):
+        self.iteration = int(serializer('iteration', self.iteration))
