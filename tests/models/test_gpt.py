@@ -252,3 +252,21 @@ def test_tied_linear_needs_a_weight():
     from ada_loss.links import TiedLinear
     with pytest.raises(ValueError, match='link with a weight W'):
         TiedLinear(chainer.Link())
+
+
+def test_no_bias_is_the_biased_model_with_zero_biases():
+    """bias=False drops every Linear bias and LayerNorm β; at
+    initialization (biases 0, β 0) the two models compute the same logits
+    and weight gradients, so the β-less LayerNorm is LayerNorm with β=0."""
+    x, t = _batch()
+    plain, biased = _tiny(bias=False), _tiny(bias=True)
+    names = {n for n, _ in plain.namedparams()}
+    assert not any(n.endswith(('/b', '/beta')) for n in names)
+    assert names < {n for n, _ in biased.namedparams()}
+    for m in (plain, biased):
+        m.cleargrads()
+        lm_loss(m(x), t).backward()
+    np.testing.assert_array_equal(plain(x).array, biased(x).array)
+    biased_params = dict(biased.namedparams())
+    for n, p in plain.namedparams():
+        np.testing.assert_array_equal(p.grad, biased_params[n].grad, n)
