@@ -169,7 +169,6 @@ class Data:
 
 @dataclasses.dataclass
 class Train:
-    precision: Optional[C.PrecisionName] = settings.precision_setting()
     batchsize: int = setting(12, 'windows per step', minimum=1)
     max_iterations: int = setting(2000, 'training steps', minimum=1)
     lr: float = setting(1e-3, 'peak learning rate (AdamW alpha)',
