@@ -45,7 +45,7 @@ def entry(name, *argv):
 
 
 def test_every_entry_is_listed():
-    assert len(ENTRIES) == 12
+    assert len(ENTRIES) == 13
 
 
 @pytest.mark.parametrize('name', ENTRIES)
