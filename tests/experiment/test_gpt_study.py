@@ -203,20 +203,25 @@ def final_state(out, name):
         'final_train_loss', 'loss_scale', 'skipped_steps')}
 
 
-def test_kill_and_resume_is_exact(tmp_path, text_root):
+@pytest.mark.parametrize('precision,mode', [('fp8_e4m3', 'adaptive'),
+                                            ('mixed16', 'dynamic')])
+def test_kill_and_resume_is_exact(tmp_path, text_root, precision, mode):
     """SIGKILL at step 14 (after the snapshot of 10), then --resume: the
-    final snapshot and run.json equal the uninterrupted run's."""
-    rows = [{'precisions': ['fp8_e4m3'], 'modes': ['adaptive']}]
+    final snapshot (weights, FP32 master weights, Adam's moments, loss
+    scales, the window iterator) and run.json equal the uninterrupted
+    run's."""
+    rows = [{'precisions': [precision], 'modes': [mode]}]
+    name = '{}-{}-s0'.format(precision, mode)
     config = write_config(tmp_path, text_root, rows)
     ref, out = str(tmp_path / 'ref'), str(tmp_path / 'out')
     assert run_entry(config, ref).returncode == 0
     p = run_entry(config, out, kill='train_batch:14')
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
-    assert read_run(out, 'fp8_e4m3-adaptive-s0')['status'] == 'running'
+    assert read_run(out, name)['status'] == 'running'
     p = run_entry(config, out, '--resume')
     assert p.returncode == 0, p.stderr[-2000:]
-    arrays, info = final_state(out, 'fp8_e4m3-adaptive-s0')
-    ref_arrays, ref_info = final_state(ref, 'fp8_e4m3-adaptive-s0')
+    arrays, info = final_state(out, name)
+    ref_arrays, ref_info = final_state(ref, name)
     assert info == ref_info
     assert sorted(arrays) == sorted(ref_arrays)
     for key in ref_arrays:
