@@ -241,3 +241,32 @@ def test_skipped_first_step_is_logged(tmp_path, text_root):
     info = read_run(out, 'fp8_e4m3-dynamic-s0')
     assert info['status'] == 'finished', info.get('error')
     assert info['skipped_steps'] >= 1
+
+
+def _run(val, select, status='finished'):
+    return {'status': status, 'final_val_loss': val,
+            'final_select_loss': select, 'unigram_val_loss': 3.0}
+
+
+def test_held_out_fixed_chooses_on_select_of_other_seeds():
+    """Seed 0 gets the scale best on seeds 1 and 2's select loss, although
+    another scale has the better val loss; a scale missing a seed or with a
+    diverged run among the others is not chosen."""
+    by_mode = {
+        'fixed:16.0': {0: _run(1.9, 1.8), 1: _run(1.9, 1.7),
+                       2: _run(1.9, 1.7)},
+        'fixed:64.0': {0: _run(1.5, 1.9), 1: _run(1.5, 1.9),
+                       2: _run(1.5, 1.9)},
+        'fixed:256.0': {0: _run(1.0, 1.0), 1: _run(None, None, 'diverged'),
+                        2: _run(1.0, 1.0)},
+        'fixed:1.0': {0: _run(1.0, 1.0), 1: _run(1.0, 1.0)},
+        'adaptive': {0: _run(0.5, 0.5), 1: _run(0.5, 0.5),
+                     2: _run(0.5, 0.5)},
+    }
+    chosen, scales = G.held_out_fixed(by_mode)
+    assert scales[0] == 16.0 and chosen[0] is by_mode['fixed:16.0'][0]
+    # seed 2: fixed:1 lacks seed 2, fixed:256 diverged on seed 1
+    assert scales[2] == 16.0
+    assert G.collapsed(by_mode['fixed:256.0'][1])
+    assert not G.collapsed(by_mode['fixed:256.0'][0])
+    assert G.collapsed(_run(3.0, 3.0))

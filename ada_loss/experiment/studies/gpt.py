@@ -507,7 +507,7 @@ def held_out_fixed(by_mode):
     for seed in seeds:
         best = None
         for mode, rs in sorted(sweep.items()):
-            others = [rs[s] for s in seeds if s != seed]
+            others = [rs[s] for s in seeds if s != seed and s in rs]
             if seed not in rs or len(others) < len(seeds) - 1 or \
                     not others or not all(ended(r) for r in others):
                 continue
