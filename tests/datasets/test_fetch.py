@@ -273,13 +273,21 @@ def test_no_server_leaves_nothing(tmp_path, capsys):
     _nothing_taken_for_data(tmp_path)
 
 
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_a_download_keeps_nothing(server, cifar10, tmp_path):
     data, _ = cifar10
     server.serve(CIFAR10, data, 'stall')
     proc = subprocess.Popen(
         [sys.executable, '-m', 'ada_loss.datasets.fetch', 'cifar10',
          '--root', str(tmp_path), '--mirror', server.url, '--timeout', '30'],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a suite started in the background (`cmd &` in a shell without job
+        # control) inherits SIGINT ignored, and Python then installs no
+        # KeyboardInterrupt handler: give the child the default back
+        preexec_fn=_default_sigint)
     deadline = time.time() + 60
     while not server.requests and time.time() < deadline:
         time.sleep(0.05)
