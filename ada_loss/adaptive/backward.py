@@ -89,6 +89,17 @@ FOREIGN_GEMMS = (_c_linear.LinearFunction, _c_conv.Convolution2DFunction,
 _FLOAT16 = get_format('float16')
 
 
+def _function_hooks(func, hooks_base):
+    """The function hooks that see ``func``'s backward: the global ones
+    (``hooks_base``), joined by the node's own local hooks where it has
+    any — as Chainer's ``Variable.backward`` chooses them."""
+    if not func._n_local_function_hooks:
+        return hooks_base
+    local = collections.OrderedDict(chainer.get_function_hooks())
+    local.update(func.local_function_hooks)
+    return local.values()
+
+
 class ScaleAwareBackwardError(RuntimeError):
     """A graph construct the ⟨α, δ⟩ backward cannot handle safely."""
 
@@ -663,11 +674,7 @@ class ScaledBackprop(object):
                 func.label, tuple(x.shape for x in inputs)))
 
         self._check_backward(func)
-        hooks = hooks_base
-        if func._n_local_function_hooks:
-            local = collections.OrderedDict(chainer.get_function_hooks())
-            local.update(func.local_function_hooks)
-            hooks = local.values()
+        hooks = _function_hooks(func, hooks_base)
         in_data = tuple(x.data for x in inputs)
         out_arrays = tuple(None if g is None else g.array for g in out_grad)
         for hook in hooks:
@@ -812,11 +819,7 @@ class ScaledBackprop(object):
         betas = {i: self.gemm_scale(v, v.gemm_weight(), g, alpha)
                  for i, v in views.items()}
         self._check_backward(func)
-        hooks = hooks_base
-        if func._n_local_function_hooks:
-            local = collections.OrderedDict(chainer.get_function_hooks())
-            local.update(func.local_function_hooks)
-            hooks = local.values()
+        hooks = _function_hooks(func, hooks_base)
         in_data = tuple(x.data for x in inputs)
         out_arrays = (g,)
         for hook in hooks:
