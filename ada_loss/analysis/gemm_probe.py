@@ -196,20 +196,7 @@ class GemmProbe(chainer.FunctionHook):
                'headroom_log2': (math.log2(fmt.u_max / peak) if peak > 0
                                  else float('nan')),
                'log2_hist': grad_stats.exponent_histogram(raw)}
-        for b in G.BOUNDS:
-            _, upper = G.gemm_scale_bounds(W, gy, self.t_uf, fmt, b,
-                                           G.bound_gain(function, W, b))
-            row['pred_' + b] = (beta * fmt.u_max / upper
-                                if upper else float('nan'))
-        if self.bound is not None:
-            lower, upper = G.gemm_scale_bounds(
-                W, gy, self.t_uf, fmt, self.bound,
-                G.bound_gain(function, W, self.bound))
-            row['lower'], row['upper'] = lower, upper
-            row['set_by'] = set_by(lower, upper)
-        else:
-            row['lower'] = row['upper'] = float('nan')
-            row['set_by'] = ''
+        row.update(self._bounds(function, W, gy, fmt, beta))
         # end to end: the produced gradients against FP32 GEMMs of the
         # unrounded entering gradient (same carried scale)
         with _without_grad_rounding(function), chainer.no_backprop_mode():
@@ -274,21 +261,28 @@ class GemmProbe(chainer.FunctionHook):
                                       if peak > 0 else float('nan')),
                        err_x=_relative_error(q / numpy.float32(beta),
                                              gx_ref.array))
-            for b in G.BOUNDS:
-                _, upper = G.gemm_scale_bounds(W, gy, self.t_uf, fmt, b,
-                                               G.bound_gain(view, W, b))
-                row['pred_' + b] = (beta * fmt.u_max / upper
-                                    if upper else float('nan'))
-            if self.bound is not None:
-                lower, upper = G.gemm_scale_bounds(
-                    W, gy, self.t_uf, fmt, self.bound,
-                    G.bound_gain(view, W, self.bound))
-                row.update(lower=lower, upper=upper,
-                           set_by=set_by(lower, upper))
-            else:
-                row.update(lower=float('nan'), upper=float('nan'),
-                           set_by='')
+            row.update(self._bounds(view, W, gy, fmt, beta))
             self.pending.append(row)
+
+    def _bounds(self, node, W, gy, fmt, beta):
+        """The row's bound columns of a GEMM ``node`` (or an operand view)
+        with weight-role operand ``W`` and entering gradient ``gy``: the β
+        each overflow bound would predict (``pred_<bound>``), and the
+        configured bound's lower/upper limits and which one set β."""
+        cols = {}
+        for b in G.BOUNDS:
+            _, upper = G.gemm_scale_bounds(W, gy, self.t_uf, fmt, b,
+                                           G.bound_gain(node, W, b))
+            cols['pred_' + b] = (beta * fmt.u_max / upper
+                                 if upper else float('nan'))
+        if self.bound is None:
+            cols.update(lower=float('nan'), upper=float('nan'), set_by='')
+            return cols
+        lower, upper = G.gemm_scale_bounds(
+            W, gy, self.t_uf, fmt, self.bound,
+            G.bound_gain(node, W, self.bound))
+        cols.update(lower=lower, upper=upper, set_by=set_by(lower, upper))
+        return cols
 
     def backward_postprocess(self, function, in_data, out_grad):
         self._raw.pop(id(function), None)   # Chainer's backward rounds late
