@@ -24,9 +24,17 @@ trained on). The trained state is FP32's, not each mode's own: what is
 measured is how each mode scales the gradients of a model that has
 learned something (the loss gradient shrinks as p → y).
 
+At the end of a run of the GPT table (``--run RUN_FOLDER``): the run's own
+trained weights (its ``snapshot_latest``, read without pickles, refused
+unless it holds the run's last iteration), its model shape, corpus
+(``data.kjv_root`` as the run had it, or ``$ADA_LOSS_KJV_ROOT``; the
+corpus's SHA-256 must equal the run's) and precision (``--precision`` is
+ignored), probed on the first of the fixed ``val`` evaluation batches —
+the weights each mode actually reached, not FP32's.
+
 Run:  .venv/bin/python scripts/gpt_flush_probe.py [--precision fp8_e4m3]
           [--modes adaptive adaptive:init_scale=amax ...]
-          [--text kjv.txt --train-steps 200]
+          [--text kjv.txt --train-steps 200 | --run RUN_FOLDER]
 """
 import argparse
 import os
@@ -76,7 +84,71 @@ def _train_fp32(args, ids, vocab):
         loss.array)
 
 
-def main():
+def _model(args, trained, shape):
+    """The GPT probed: ``args``' shape and precision, the ``trained``
+    parameters ({path: array}) if given, else an initialization of
+    ``args.seed``."""
+    numpy.random.seed(args.seed)
+    with dtype_config(args.precision):
+        m = GPT(args.vocab, block_size=args.block,
+                attention_stat=args.attention_stat, **shape)
+    if trained is not None:
+        for name, param in m.namedparams():
+            param.array[...] = trained[name]
+    apply_precision(m, args.precision, args.seed)
+    return m
+
+
+def _run_state(args):
+    """(parameters, GPT keyword arguments, the first ``val`` batch, a
+    description) of the end of the GPT-table run in ``args.run``; sets
+    ``args``' precision, vocabulary, block, batch and attention statistic
+    to the run's."""
+    import yaml
+    from ada_loss.datasets.kjv import get_kjv
+    from ada_loss.experiment import runinfo
+    from ada_loss.training.safe_npz import open_npz
+    with open(os.path.join(args.run, 'config.yaml'), encoding='utf-8') as f:
+        cfg = yaml.safe_load(f)
+    info = runinfo.read_run(args.run)
+    if not info or info.get('status') != runinfo.FINISHED:
+        raise SystemExit('{}: a finished run was expected (run.json status '
+                         '{!r})'.format(args.run, (info or {}).get('status')))
+    model = cfg['model']
+    args.precision = cfg['run']['precision']
+    args.seed = cfg['run']['seed']      # NVFP4's stochastic rounding, as the run
+    args.block = model['block_size']
+    args.batch = cfg['train']['batchsize']
+    args.attention_stat = model['attention_stat']
+    corpus = get_kjv(cfg['data'].get('kjv_root'), make=False)
+    if corpus.sha256 != info.get('corpus_sha256'):
+        raise SystemExit('{}: the run trained on a corpus of SHA-256 {}, the '
+                         'one found is {}'.format(args.run,
+                                                  info.get('corpus_sha256'),
+                                                  corpus.sha256))
+    args.vocab = corpus.vocab_size
+    snap = os.path.join(args.run, 'snapshot_latest')
+    prefix = 'updater/model:main/predictor/'
+    with open_npz(snap) as z:       # no pickles
+        done = int(z['updater/iterator:main/iteration'])
+        trained = {'/' + k[len(prefix):]: z[k] for k in z.files
+                   if k.startswith(prefix)}
+    if done != info.get('iterations'):
+        raise SystemExit('{}: the snapshot holds iteration {}, the run ended '
+                         'at {}'.format(snap, done, info.get('iterations')))
+    shape = {k: model[k] for k in ('n_layer', 'n_head', 'n_embd',
+                                   'tie_weights', 'attention_format', 'bias')}
+    first = corpus.eval_batches('val', args.block, args.batch,
+                                cfg['data']['eval_iters'])[0]
+    state = 'end of {} ({} {}, seed {}, iteration {}, val loss {:.4f}), ' \
+        'first val batch'.format(os.path.basename(os.path.normpath(args.run)),
+                                 args.precision, cfg['run']['mode'],
+                                 cfg['run']['seed'], done,
+                                 info['final_val_loss'])
+    return trained, shape, first, state
+
+
+def _parser():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--precision', default='fp8_e4m3')
     p.add_argument('--modes', nargs='+', default=[
@@ -95,6 +167,9 @@ def main():
     p.add_argument('--trained-cache', metavar='NPZ',
                    help='with --text: load the trained parameters from '
                         'this file if it exists, else save them there')
+    p.add_argument('--run', metavar='RUN_FOLDER',
+                   help='probe at the end of a GPT-table run: its '
+                        'snapshot, shape, corpus and precision')
     p.add_argument('--attention-stat', default='tensor',
                    choices=('tensor', 'head'))
     p.add_argument('--list', action='store_true',
@@ -103,10 +178,19 @@ def main():
                    help='also print the probe row (α, β, which bound set '
                         'β, uf_in, headroom in and out in binades) of every '
                         'GEMM whose name starts with PREFIX')
-    args = p.parse_args()
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     trained = None
     state = 'initialization'
-    if args.text is not None:
+    shape = {}
+    if args.run is not None:
+        if args.text is not None:
+            raise SystemExit('--run and --text exclude each other')
+        trained, shape, (x_val, t_val), state = _run_state(args)
+    elif args.text is not None:
         with open(args.text, encoding='utf-8') as f:
             text = f.read()
         chars = sorted(set(text))
@@ -124,26 +208,23 @@ def main():
                 numpy.savez(cache, **dict(trained, **{'(loss)': last}))
         state = 'after {} FP32 steps on {} (last training loss {:.3f})'.format(
             args.train_steps, os.path.basename(args.text), last)
-    print('{}, GPT 4x4x128 block {}, batch {}, vocab {}, attention_stat {}'
-          ', {}'.format(args.precision, args.block, args.batch, args.vocab,
+    print('{}, GPT {}x{}x{} block {}, batch {}, vocab {}, attention_stat {}'
+          ', {}'.format(args.precision, shape.get('n_layer', 4),
+                        shape.get('n_head', 4), shape.get('n_embd', 128),
+                        args.block, args.batch, args.vocab,
                         args.attention_stat, state))
     print('{:<28} {:>9} {:<24} {:>9} {:>9} {:>8}'.format(
         'mode', 'max uf_in', 'at', 'lm_head', 'attention', '<=0.1%'))
     for mode in args.modes:
-        numpy.random.seed(args.seed)
-        with dtype_config(args.precision):
-            m = GPT(args.vocab, block_size=args.block,
-                    attention_stat=args.attention_stat)
-        if trained is not None:
-            for name, param in m.namedparams():
-                param.array[...] = trained[name]
-        apply_precision(m, args.precision, args.seed)
+        m = _model(args, trained, shape)
         bound = 'output' if mode.startswith('adaptive') else None
         scaling = ProbingLossScaling(make_loss_scaling(mode, args.precision),
                                      mode, every=1, bound=bound)
         scaling.bind(m)
         rng = numpy.random.RandomState(args.seed)
-        if trained is None:
+        if args.run is not None:
+            x, t = x_val, t_val
+        elif trained is None:
             x = rng.randint(0, args.vocab, (args.batch, args.block)).astype(
                 numpy.int32)
             t = numpy.roll(x, -1, axis=1)

@@ -39,7 +39,7 @@ from ada_loss.analysis import grad_stats
 from ada_loss.analysis.observing import (
     ObservationsWriter, ObservingLossScaling)
 from ada_loss.functions.gemm import GemmFunction
-from ada_loss.links import GEMM_LINK_TYPES
+from ada_loss.links import is_gemm_link
 
 #: Column order of the CSV records.
 FIELDS = ('iteration', 'layer_id', 'layer', 'dtype', 'size', 'nonzero',
@@ -71,9 +71,11 @@ class GradientRecorder(chainer.FunctionHook):
     # -- naming -----------------------------------------------------------
     def bind(self, model):
         """Names every ada_loss GEMM link of ``model`` by its path (as
-        :class:`ada_loss.AdaLossScaled` does)."""
+        :class:`ada_loss.AdaLossScaled` does): the layers' GEMMs, the tied
+        readout and attention's GEMMs, so that a mode on Chainer's own
+        backward names them as adaptive does."""
         for path, link in model.namedlinks():
-            if isinstance(link, tuple(GEMM_LINK_TYPES.values())):
+            if is_gemm_link(link):
                 link.scale_key = path.lstrip('/')
 
     # -- the hook ---------------------------------------------------------

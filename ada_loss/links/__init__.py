@@ -13,6 +13,6 @@ normalization faster on CPU, with Chainer's results.
 """
 from ada_loss.links.connection import (  # NOQA
     Convolution2D, Deconvolution2D, DilatedConvolution2D, Linear, MatMul,
-    TiedLinear, GEMM_LINK_TYPES, as_chainer_link, as_gemm_link)
+    TiedLinear, GEMM_LINK_TYPES, as_chainer_link, as_gemm_link, is_gemm_link)
 from ada_loss.links.normalization import (  # NOQA
     BatchNormalization, as_batch_normalization_link)

@@ -186,6 +186,12 @@ GEMM_LINK_TYPES = {
 }
 
 
+def is_gemm_link(link):
+    """Whether ``link`` is an ada_loss GEMM link (a layer's GEMM, the tied
+    readout, attention's activation GEMMs): what is named by its path."""
+    return isinstance(link, _GemmLink)
+
+
 def as_gemm_link(link):
     """Converts ``link`` in place to its :mod:`ada_loss.links` type.
 

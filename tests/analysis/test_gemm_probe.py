@@ -157,3 +157,27 @@ def test_probe_sees_the_attention_gemms_of_a_tiny_gpt():
     assert rows['blocks/0/attn/pv:a']['uf_in'] == 0
     # Q·Kᵀ's is the softmax backward's FP32 result: rounded here
     assert rows['blocks/0/attn/qk:a']['log2_hist']
+
+
+@pytest.mark.parametrize('mode', ['fixed:1', 'dynamic', 'adaptive'])
+def test_probe_names_every_gemm_of_a_tied_gpt_in_every_mode(mode):
+    """On Chainer's own backward (fixed, dynamic) as on the ⟨α, δ⟩ one, the
+    tied readout and attention's GEMMs are named by their paths (before,
+    Chainer's backward named them ``LinearFunction`` and ``matmul@<id>``)."""
+    from ada_loss.models.gpt import GPT, lm_loss
+    np.random.seed(0)
+    model = GPT(13, n_layer=1, n_head=2, n_embd=16, block_size=8,
+                tie_weights=True)
+    apply_precision(model, 'fp8_e4m3')
+    rng = np.random.RandomState(1)
+    x = rng.randint(0, 13, (3, 8)).astype(np.int32)
+    t = rng.randint(0, 13, (3, 8)).astype(np.int32)
+    scaling = ProbingLossScaling(make_loss_scaling(mode, 'fp8_e4m3'), mode,
+                                 every=1)
+    scaling.bind(model)
+    model.cleargrads()
+    scaling.backward(lm_loss(model(x), t))
+    assert {r['layer'] for r in scaling.records} == {
+        'lm_head', 'blocks/0/mlp/c_proj', 'blocks/0/mlp/c_fc',
+        'blocks/0/attn/c_proj', 'blocks/0/attn/pv:a', 'blocks/0/attn/pv:b',
+        'blocks/0/attn/qk:a', 'blocks/0/attn/qk:b', 'blocks/0/attn/c_attn'}
