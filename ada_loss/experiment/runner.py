@@ -333,6 +333,12 @@ class RunRefused(ValueError):
     was told (a changed config, an unfinished run without ``--resume``)."""
 
 
+class TableRefused(ValueError):
+    """A table that would pool what does not belong together (issue 47,
+    item 3: e.g. a peer's run of another model shape or corpus): the
+    entry prints its one ``error:`` line instead of a table."""
+
+
 def _keys_text(keys):
     return ', '.join(keys[:6]) + (', …' if len(keys) > 6 else '')
 
@@ -657,7 +663,11 @@ def main(study, argv=None, default_config=None, description=None,
         return 0
     table = None
     if not args.no_table:
-        table = study.write_tables(cfg, args.out, train=not args.table_only)
+        try:
+            table = study.write_tables(cfg, args.out,
+                                       train=not args.table_only)
+        except TableRefused as e:   # the runs are kept; only the table is not
+            return _error(e)
     if after is not None:
         after(cfg, args, table)
     return 0

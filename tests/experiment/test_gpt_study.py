@@ -38,7 +38,7 @@ def text_root(tmp_path_factory):
     return str(root)
 
 
-def write_config(folder, root, rows, seeds=(0,), iterations=20):
+def write_config(folder, root, rows, seeds=(0,), iterations=20, **extra):
     cfg = {
         'table': 'tiny',
         'grid': {'seeds': list(seeds), 'rows': rows},
@@ -51,6 +51,7 @@ def write_config(folder, root, rows, seeds=(0,), iterations=20):
                 'snapshot_interval': '10 iteration', 'progress': 'none',
                 'plot': False, 'tensorboard': False},
     }
+    cfg.update(extra)
     path = os.path.join(str(folder), 'tiny.yaml')
     with open(path, 'w') as f:
         yaml.safe_dump(cfg, f)
@@ -270,3 +271,255 @@ def test_held_out_fixed_chooses_on_select_of_other_seeds():
     assert G.collapsed(by_mode['fixed:256.0'][1])
     assert not G.collapsed(by_mode['fixed:256.0'][0])
     assert G.collapsed(_run(3.0, 3.0))
+
+
+# -- the table: peer rows and diverged runs counted ---------------------------------
+SHA = 'c' * 64
+
+
+def plant_run(out, precision, mode, seed, val, status='finished',
+              unigram=3.0, sha=SHA):
+    """A run folder with the run.json keys the table reads."""
+    name = '{}-{}-s{}'.format(precision, mode, seed)
+    info = {'name': name, 'status': status, 'seed': seed,
+            'precision': precision, 'mode': mode, 'final_val_loss': val,
+            'final_select_loss': None if val is None else val + 0.05,
+            'corpus_sha256': sha}
+    if unigram is not None:
+        info['unigram_val_loss'] = unigram
+    folder = os.path.join(out, 'tiny', name)
+    os.makedirs(folder)
+    with open(os.path.join(folder, 'run.json'), 'w') as f:
+        json.dump(info, f)
+
+
+def peer_record(seed, val, diverged_at=None, sha=SHA, precision='fp32',
+                **config):
+    """What scripts/gpt_torch_peer.py writes, at write_config's shape."""
+    conf = {'n_layer': 1, 'n_head': 2, 'n_embd': 16, 'block_size': 8,
+            'batch_size': 4, 'max_iters': 20, 'eval_iters': 2, 'bias': False,
+            'lr': 1e-3, 'min_lr': 1e-4, 'warmup_iters': 5,
+            'weight_decay': 0.1, 'beta1': 0.9, 'beta2': 0.99,
+            'eval_seed': 1337, 'seed': seed, 'precision': precision}
+    conf.update(config)
+    final = {'step': None, 'val': None, 'select': None} \
+        if diverged_at is not None else \
+        {'step': conf['max_iters'], 'val': val, 'select': val + 0.05}
+    return {'script': 'scripts/gpt_torch_peer.py', 'precision': precision,
+            'seed': seed, 'config': conf, 'corpus': {'sha256': sha},
+            'diverged_at': diverged_at, 'final': final}
+
+
+def plant_peer(folder, name, record):
+    os.makedirs(str(folder), exist_ok=True)
+    path = os.path.join(str(folder), name)
+    with open(path, 'w') as f:
+        json.dump(record, f)
+    return path
+
+
+def t_interval(values):
+    """Mean and 95 % t half-width, written out here (not the module's)."""
+    from scipy import stats
+    x = numpy.asarray(values, dtype=float)
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / numpy.sqrt(len(x))
+    p = 2 * stats.t.sf(abs(x.mean()) / (x.std(ddof=1) / numpy.sqrt(len(x))),
+                       len(x) - 1)
+    return x.mean(), half, p
+
+
+FP32 = [1.60, 1.65, 1.58]
+ADAPTIVE_DIFF = [0.025, 0.04, 0.05]    # two-sided p ≈ 0.034: see below
+PEER = [1.61, 1.63, 1.595]
+
+
+def test_peer_rows_numbers_and_outside_holm(tmp_path, text_root, capsys):
+    """The peer row's numbers are the planted files' (checked against a
+    computation written out here); the learning-rate probe beside them is
+    not matched by the glob; the row is outside Holm's family, so it
+    leaves our rows' Holm verdicts as they are: adaptive's p (≈ 0.034)
+    passes Holm alone (0.05) but would not in a family of two (0.025)."""
+    out = str(tmp_path / 'out')
+    for s in range(3):
+        plant_run(out, 'float32', 'fp32', s, FP32[s])
+        plant_run(out, 'fp8_e4m3', 'adaptive', s, FP32[s] + ADAPTIVE_DIFF[s])
+        plant_peer(tmp_path / 'peers', 'fp32_seed{}.json'.format(s),
+                   peer_record(s, PEER[s]))
+    plant_peer(tmp_path / 'peers', 'fp32_lr3e-3_seed0.json',
+               peer_record(0, 1.5, lr=3e-3, min_lr=3e-4))
+    peers = [{'label': 'torch', 'files': [
+        str(tmp_path / 'peers' / 'fp32_seed*.json')]}]
+    config = write_config(tmp_path, text_root, ROWS, seeds=(0, 1, 2),
+                          peers=peers)
+    assert main(G.STUDY, ['--config', config, '--out', out,
+                          '--table-only']) in (0, None)
+    printed = capsys.readouterr().out
+    with open(os.path.join(out, 'tiny', 'results.json')) as f:
+        rows = {r['method']: r for r in json.load(f)}
+
+    peer = rows['peer: torch, lr 0.001']
+    assert peer['peer'] and not peer['in_holm'] and peer['verdict'] is None
+    assert peer['seeds'] == [0, 1, 2] and len(peer['files']) == 3
+    assert not any('lr3e-3' in f for f in peer['files'])
+    assert peer['corpus_checked'] and peer['settings_differ'] == {}
+    mean, half, _ = t_interval(PEER)
+    assert peer['val_loss']['mean'] == pytest.approx(mean)
+    assert peer['val_loss']['half_width'] == pytest.approx(half)
+    d_mean, d_half, d_p = t_interval([p - f for p, f in zip(PEER, FP32)])
+    for key in ('difference', 'difference_scored'):
+        assert peer[key]['n'] == 3
+        assert peer[key]['mean'] == pytest.approx(d_mean)
+        assert peer[key]['half_width'] == pytest.approx(d_half)
+    assert peer['raw_verdict'] == 'level' and d_p > 0.05
+    line = [x for x in printed.splitlines()
+            if x.startswith('| peer: torch, lr 0.001 |')]
+    assert len(line) == 1
+    assert '{:.3f} ± {:.3f} (n=3)'.format(mean, half) in line[0]
+    assert '{:+.3f} ± {:.3f} (n=3)'.format(d_mean, d_half) in line[0]
+    assert 'outside Holm' in line[0] and '0/3' in line[0]
+
+    mine = rows['fp8_e4m3 adaptive']
+    a_mean, _, a_p = t_interval(ADAPTIVE_DIFF)
+    assert 0.025 < a_p < 0.05       # the case is what it claims
+    assert mine['difference_scored']['mean'] == pytest.approx(a_mean)
+    assert mine['in_holm'] and mine['verdict'] == 'worse'
+    # in one family with the peer, Holm would have said level
+    both = G.V.holm_verdicts([G.V.Paired(**mine['difference_scored']),
+                              G.V.Paired(**peer['difference_scored'])])
+    assert both[0] == 'level'
+
+
+@pytest.mark.parametrize('case,expected', [
+    ('shape', ['fp32_seed1.json', 'config.n_embd', 'model.n_embd']),
+    ('steps', ['fp32_seed1.json', 'config.max_iters']),
+    ('batch', ['fp32_seed1.json', 'config.batch_size', 'train.batchsize']),
+    ('corpus', ['fp32_seed1.json', 'corpus.sha256', SHA]),
+    ('glob', ['peers[0].files[0]', 'nothing_seed*.json', 'matches no file']),
+    ('missing', ['peers[0].files[0]', 'absent.json', 'is missing']),
+    ('same seed', ['two files of seed 0']),
+    ('lr in a row', ['fp32_seed1.json', 'config.lr', 'one configuration']),
+])
+def test_peer_files_that_do_not_belong_are_refused(tmp_path, text_root,
+                                                   capsys, case, expected):
+    """A peer file of another shape, length, batch or text, a glob that
+    matches nothing, a missing file, two files of one seed, two learning
+    rates in one row: one error line naming the file (or pattern) and the
+    key; no table written."""
+    out = str(tmp_path / 'out')
+    plant_run(out, 'float32', 'fp32', 0, 1.6)
+    folder = tmp_path / 'peers'
+    plant_peer(folder, 'fp32_seed0.json', peer_record(0, 1.6))
+    change = {'shape': dict(n_embd=32), 'steps': dict(max_iters=40),
+              'batch': dict(batch_size=8), 'corpus': dict(sha='d' * 64),
+              'lr in a row': dict(lr=3e-3)}.get(case, {})
+    plant_peer(folder, 'fp32_seed1.json', peer_record(
+        0 if case == 'same seed' else 1, 1.62, **change))
+    files = {'glob': [str(folder / 'nothing_seed*.json')],
+             'missing': [str(folder / 'fp32_seed0.json'),
+                         str(folder / 'absent.json')][1:]}.get(
+                             case, [str(folder / 'fp32_seed*.json')])
+    config = write_config(tmp_path, text_root, ROWS, peers=[
+        {'label': 'torch', 'files': files}])
+    assert main(G.STUDY, ['--config', config, '--out', out,
+                          '--table-only']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and err.count('\n') == 1, err
+    for text in expected:
+        assert text in err, (text, err)
+    assert not os.path.exists(os.path.join(out, 'tiny', 'table.md'))
+
+
+def test_diverged_run_scored_at_unigram_decides_the_verdict(tmp_path,
+                                                            text_root):
+    """Adaptive is 0.05 nats better than FP32 on the four seeds where it
+    finished and diverged on the fifth: dropping that pair reads
+    "better"; scored at the unigram loss (the FP32 run's of that seed,
+    3.0, since the diverged run recorded none) the difference is level
+    -- the verdict taken. A run not yet ended (seed 5) is no pair either
+    way; the collapse counts the diverged run."""
+    out = str(tmp_path / 'out')
+    fp32 = [1.60, 1.62, 1.61, 1.63, 1.59, 1.60]
+    for s, v in enumerate(fp32):
+        plant_run(out, 'float32', 'fp32', s, v,
+                  unigram=3.0 if s == 4 else 2.9)
+    for s, d in enumerate([-0.05, -0.051, -0.049, -0.05]):
+        plant_run(out, 'fp8_e4m3', 'adaptive', s, fp32[s] + d)
+    plant_run(out, 'fp8_e4m3', 'adaptive', 4, None, status='diverged',
+              unigram=None)
+    plant_run(out, 'fp8_e4m3', 'adaptive', 5, None, status='running')
+    config = write_config(tmp_path, text_root, ROWS, seeds=range(6))
+    cfg = G.STUDY.load_config(config, [])
+    rows = {r['method']: r for r in G.results(cfg, G.collect(G.STUDY, cfg,
+                                                             out))}
+    mine = rows['fp8_e4m3 adaptive']
+    dropped = [-0.05, -0.051, -0.049, -0.05]
+    scored = dropped + [3.0 - 1.59]
+    for key, diffs in (('difference', dropped),
+                       ('difference_scored', scored)):
+        mean, half, _ = t_interval(diffs)
+        assert mine[key]['n'] == len(diffs)
+        assert mine[key]['mean'] == pytest.approx(mean)
+        assert mine[key]['half_width'] == pytest.approx(half)
+    assert mine['difference']['verdict'] == 'behind'     # dropped: better
+    assert mine['raw_verdict'] == 'level' and mine['verdict'] == 'level'
+    assert mine['runs'] == 6 and mine['ended'] == 5 and mine['collapsed'] == 1
+    # the table shows both
+    text = G.render(G.results(cfg, G.collect(G.STUDY, cfg, out)))
+    line = [x for x in text.splitlines()
+            if x.startswith('| fp8_e4m3 adaptive |')][0]
+    assert '(n=4)' in line and '(n=5)' in line and '| level |' in line
+
+    # the same with the diverged run recording its own unigram loss (2.5)
+    # and the FP32 side diverged on seed 0 instead: scored at its own
+    assert G.scored_loss({'status': 'diverged', 'unigram_val_loss': 2.5},
+                         3.0) == 2.5
+    assert G.scored_loss({'status': 'running'}, 3.0) is None
+    assert G.differences_scored(
+        {0: {'status': 'finished', 'final_val_loss': 1.7}},
+        {0: {'status': 'diverged', 'unigram_val_loss': 2.9}}, None) == \
+        [pytest.approx(1.7 - 2.9)]
+    # no unigram anywhere: the pair cannot be scored
+    assert G.differences_scored({0: {'status': 'diverged'}},
+                                {0: {'status': 'finished',
+                                     'final_val_loss': 1.6}}, None) == []
+
+
+def test_config_peer_globs_match_only_the_default_runs():
+    """configs/gpt.yaml's peer rows read the committed peer files at the
+    table's shape (every check passes) and leave out the learning-rate
+    probes (fp32_lr3e-3_seed0.json, unit_scaling_fp8_lr1e-3_seed0.json)."""
+    cfg = G.STUDY.load_config(os.path.join(ROOT, 'configs', 'gpt.yaml'), [])
+    assert [p['label'] for p in cfg.peers] == [
+        'PyTorch FP32', 'unit-scaling FP8 (Graphcore, simulate_fp8)']
+    rows = G.gpt_peers.rows(cfg, {})
+    names = [[os.path.basename(f) for f in info['files']]
+             for _, _, info in rows]
+    assert 'fp32_seed0.json' in names[0]
+    assert 'unit_scaling_fp8_seed0.json' in names[1]
+    for n in names[0]:
+        assert n.startswith('fp32_seed') and '_lr' not in n
+    for n in names[1]:
+        assert n.startswith('unit_scaling_fp8_seed') and '_lr' not in n
+    # the unit-scaling row trains at 2^-6, said in its label
+    assert rows[0][0] == 'peer: PyTorch FP32, lr 0.001'
+    assert rows[1][0].endswith('lr 0.015625')
+    assert rows[1][2]['settings_differ']['lr'] == {'peer': 2.0 ** -6,
+                                                  'table': 1e-3}
+    # with no run here, the corpus is not checked -- and says so
+    assert not rows[0][2]['corpus_checked']
+
+
+@pytest.mark.parametrize('peers,key', [
+    ('[{label: x}]', 'peers[0]'),
+    ('[{label: x, files: []}]', 'peers[0]'),
+    ('[{label: x, files: [a.json], lr: 1}]', 'peers[0]'),
+    ('[{label: x, files: [a.json]}, {label: x, files: [b.json]}]',
+     'peers[1].label'),
+])
+def test_peers_config_is_checked(text_root, peers, key):
+    """A malformed ``peers`` entry is a config error naming its key."""
+    from ada_loss.experiment.config import ConfigError
+    config = write_config(os.path.dirname(text_root), text_root, ROWS)
+    with pytest.raises(ConfigError) as e:
+        G.STUDY.load_config(config, ['peers=' + peers])
+    assert key in str(e.value)

@@ -40,14 +40,22 @@ with this study's hooks):
   frequencies, no context: what a collapsed model scores).
 
 The table (:func:`table`): per method the validation loss (mean and 95 %
-interval over seeds), its difference from FP32 paired by seed (95 %
-interval, Holm-adjusted verdict over the table's rows;
-:mod:`ada_loss.experiment.verdicts`) and the collapse rate (diverged, or
+interval over seeds), its difference from FP32 paired by seed two ways
+(issue 47, item 2): over the seeds where both finished (a pair with a
+diverged side dropped) and over the seeds where both ended, a diverged run
+scored at its ``unigram_val_loss`` (:func:`differences_scored`); the
+verdict is the second's, Holm-adjusted over the table's rows
+(:mod:`ada_loss.experiment.verdicts`); and the collapse rate (diverged, or
 a final validation loss no better than ``unigram_val_loss``). The fixed
 scales of a precision enter as one row, "fixed (held-out)": for each seed
 the scale with the lowest mean ``select`` loss over the *other* seeds,
 scored on that seed's ``val`` loss -- chosen neither on the reported split
-nor on the seed it is scored on.
+nor on the seed it is scored on. After them, one row per entry of
+``peers``: the independent PyTorch peer's runs, read from its JSON files
+and checked before they are pooled
+(:mod:`~ada_loss.experiment.studies.gpt_peers`), paired with our FP32 by
+seed, outside the Holm family (another implementation, not a mode of this
+one).
 """
 import collections
 import dataclasses
@@ -70,6 +78,7 @@ from ada_loss.experiment import settings
 from ada_loss.experiment import summaries
 from ada_loss.experiment import trainer_extensions
 from ada_loss.experiment import verdicts as V
+from ada_loss.experiment.studies import gpt_peers
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.iterators import WindowIterator, make_iterator
 from ada_loss.experiment.modes import mode_slug
@@ -210,6 +219,9 @@ class Config:
     data: Data = section(Data)
     train: Train = section(Train)
     log: GPTLog = section(GPTLog)
+    peers: gpt_peers.Peers = setting(
+        [], 'rows of the independent peer (scripts/gpt_torch_peer.py): '
+        'its JSON files, read and checked by the table, never trained')
 
     def check(self):
         if self.model.attention_stat not in ('tensor', 'head'):
@@ -303,8 +315,9 @@ class GPTStudy(RC.TrainingStudy):
     def run_config(self, cfg, cell):
         out = {'run': {'precision': str(cell.precision),
                        'mode': str(cell.mode), 'seed': cell.seed}}
+        # the grid and the peer rows are the table's, not a run's
         out.update((k, v) for k, v in C.to_dict(cfg).items()
-                   if k != 'grid')
+                   if k not in ('grid', 'peers'))
         return out
 
     def data_record(self, cfg, cell):
@@ -454,12 +467,13 @@ class GPTStudy(RC.TrainingStudy):
 
     def write_tables(self, cfg, out, quiet=False, train=True):
         runs = collect(self, cfg, out)
-        text = table(cfg, runs)
+        rows = results(cfg, runs)       # raises TableRefused (peer files)
+        text = render(rows)
         folder = os.path.join(out, cfg.table)
         if os.path.isdir(folder):
             atomic.write_text(os.path.join(folder, 'table.md'), text)
             atomic.write_text(os.path.join(folder, 'results.json'),
-                              json.dumps(results(cfg, runs), indent=1,
+                              json.dumps(rows, indent=1,
                                          sort_keys=True) + '\n')
         if not quiet:
             print(text)
@@ -489,10 +503,13 @@ def val_loss(info):
     return v if v is not None and math.isfinite(v) else None
 
 
-def collapsed(info):
-    """Diverged, or no better than the character frequencies."""
+def collapsed(info, unigram=None):
+    """Diverged, or no better than the character frequencies (the run's
+    ``unigram_val_loss``, else ``unigram``: a peer's run records none)."""
     v = val_loss(info)
-    return v is None or v >= info.get('unigram_val_loss', math.inf)
+    u = info.get('unigram_val_loss')
+    u = unigram if u is None else u
+    return v is None or v >= (math.inf if u is None else u)
 
 
 def held_out_fixed(by_mode):
@@ -554,10 +571,55 @@ def reference(runs):
 
 def differences(mine, ref):
     """Paired differences of validation loss (mine − FP32) over the seeds
-    where both finished."""
+    where both finished: a pair with a diverged side is dropped (which
+    side diverged then decides what is hidden: issue 47)."""
     out = []
     for seed, r in sorted(mine.items()):
         a, b = val_loss(r), val_loss(ref.get(seed, {}))
+        if a is not None and b is not None:
+            out.append(a - b)
+    return out
+
+
+def table_unigram(runs):
+    """The table's ``unigram_val_loss`` (the value most of its runs record:
+    one corpus gives one value), None where no run records one."""
+    values = [r.get('unigram_val_loss') for rs in runs.values()
+              for r in rs.values() if r.get('unigram_val_loss') is not None]
+    if not values:
+        return None
+    return collections.Counter(values).most_common(1)[0][0]
+
+
+def scored_loss(info, unigram):
+    """A run's final validation loss with a failure scored at the unigram
+    loss (the GPT's analogue of chance, issue 47): the run's own
+    ``unigram_val_loss``, else ``unigram``. A run that diverged -- or, the
+    same failure, finished without a finite validation loss -- scores
+    that; a run that has not ended (running, interrupted, absent) is
+    None: no pair."""
+    if not ended(info):
+        return None
+    v = val_loss(info)
+    if v is not None:
+        return v
+    u = info.get('unigram_val_loss')
+    return unigram if u is None else u
+
+
+def differences_scored(mine, ref, unigram):
+    """Paired differences (mine − FP32) over the seeds where both runs
+    ended, a diverged run scored at the unigram loss (:func:`scored_loss`;
+    where it records none, the FP32 run's of that seed, else ``unigram``,
+    the table's): every failure counts against the side that failed. A
+    pair neither side of which can be scored (no unigram anywhere) is
+    left out."""
+    out = []
+    for seed, r in sorted(mine.items()):
+        theirs = ref.get(seed, {})
+        u = theirs.get('unigram_val_loss')
+        a = scored_loss(r, unigram if u is None else u)
+        b = scored_loss(theirs, unigram)
         if a is not None and b is not None:
             out.append(a - b)
     return out
@@ -575,46 +637,124 @@ def _mean(p):
     return _interval(p).lstrip('+') if p.n else '–'
 
 
+VERDICT_WORDS = {'ahead': 'worse', 'behind': 'better'}
+
+
+def _row(label, by_seed, ref, unigram, peer=False):
+    done = [r for r in by_seed.values() if ended(r)]
+    losses = [val_loss(r) for r in done if val_loss(r) is not None]
+    # the reference is not tested against itself (nor counted by Holm)
+    own = by_seed is ref
+    return {
+        'method': label, 'peer': peer, 'runs': len(by_seed),
+        'ended': len(done), 'val_loss': V.paired(losses),
+        'difference': V.paired([] if own else differences(by_seed, ref)),
+        'difference_scored': V.paired(
+            [] if own else differences_scored(by_seed, ref, unigram)),
+        'collapsed': sum(collapsed(r, unigram) for r in done)}
+
+
 def results(cfg, runs):
-    """The table's numbers: a list of dicts, one per method."""
+    """The table's numbers: a list of dicts, one per method, then one per
+    peer (``cfg.peers``, :mod:`~ada_loss.experiment.studies.gpt_peers`;
+    raises :class:`~ada_loss.experiment.runner.TableRefused` for a peer
+    file that does not belong). ``difference``: pairs with a failed side
+    dropped; ``difference_scored``: failures scored at the unigram loss,
+    whose verdict is the row's (``raw_verdict``) and, over this
+    implementation's rows only, Holm's (``verdict``; None for a peer)."""
     ref = reference(runs)
-    rows = []
-    for label, by_seed in methods(cfg, runs):
-        done = [r for r in by_seed.values() if ended(r)]
-        losses = [val_loss(r) for r in done if val_loss(r) is not None]
-        # the reference is not tested against itself (nor counted by Holm)
-        diff = V.paired([] if by_seed is ref else
-                        differences(by_seed, ref))
-        rows.append({
-            'method': label, 'runs': len(by_seed), 'ended': len(done),
-            'val_loss': V.paired(losses), 'difference': diff,
-            'collapsed': sum(collapsed(r) for r in done)})
-    verdicts = V.holm_verdicts([r['difference'] for r in rows])
-    for r, v in zip(rows, verdicts):
-        r['verdict'] = {'ahead': 'worse', 'behind': 'better'}.get(v, v)
-        for k in ('val_loss', 'difference'):
+    unigram = table_unigram(runs)
+    rows = [_row(label, by_seed, ref, unigram)
+            for label, by_seed in methods(cfg, runs)]
+    # the peers answer another question (does an independent
+    # implementation agree; unit scaling at its own learning rate), not
+    # "does this precision or mode change our GPT's loss": kept out of
+    # the family, they leave the Holm verdicts of our rows as they are
+    peers = gpt_peers.rows(cfg, runs)
+    for label, peer_runs, info in peers:
+        row = _row(label, peer_runs, ref, unigram, peer=True)
+        row.update(info)
+        row['seeds'] = sorted(peer_runs)
+        rows.append(row)
+    family = [r['difference_scored'] for r in rows if not r['peer']]
+    holm = iter(V.holm_verdicts(family))
+    for r in rows:
+        v = r['difference_scored'].verdict
+        r['raw_verdict'] = VERDICT_WORDS.get(v, v)
+        r['in_holm'] = not r['peer'] and \
+            r['difference_scored'].p_value is not None
+        v = None if r['peer'] else next(holm)
+        r['verdict'] = VERDICT_WORDS.get(v, v)
+        for k in ('val_loss', 'difference', 'difference_scored'):
             r[k] = r[k]._asdict()
     return rows
 
 
-def table(cfg, runs):
-    """The markdown table of :func:`results`."""
-    rows = results(cfg, runs)
-    lines = ['Validation loss (nats/char) on the fixed `val` batches; Δ: '
-             'paired by seed against FP32 (float32 fp32), 95 % t '
-             'intervals, Holm over the rows (worse / better / level); '
-             'collapsed: diverged or no better than the training split\'s '
-             'character frequencies (Wilson 95 %).', '',
-             '| method | runs | val loss | Δ vs FP32 | Holm | collapsed |',
-             '|---|---|---|---|---|---|']
+HEADER = ('Validation loss (nats/char) on the fixed `val` batches; Δ: '
+          'paired by seed against FP32 (float32 fp32), 95 % t intervals, '
+          'first over the seeds where both finished (pairs with a diverged '
+          'side dropped), then over the seeds where both ended with a '
+          'diverged run scored at the unigram loss (the training split\'s '
+          'character frequencies: a model that learned no context); the '
+          'verdict is the second\'s, Holm-adjusted over this '
+          'implementation\'s rows (worse / better / level); collapsed: '
+          'diverged or no better than the unigram loss (Wilson 95 %).')
+
+
+def _peer_note(r):
+    """The footnote of one peer row: its files, what it was checked
+    against, the settings it does not share with the table."""
+    seeds = ', '.join(str(s) for s in r['seeds'])
+    text = '- {}: {} (seed{} {})'.format(
+        r['method'], ', '.join('`{}`'.format(f) for f in r['files']),
+        '' if len(r['seeds']) == 1 else 's', seeds)
+    if not r['corpus_checked']:
+        text += '; corpus NOT checked (no run here records corpus_sha256)'
+    if r['settings_differ']:
+        text += '; unlike this table: ' + ', '.join(
+            '{} {!r} (table {!r})'.format(k, v['peer'], v['table'])
+            for k, v in sorted(r['settings_differ'].items()))
+    return text + '.'
+
+
+def render(rows):
+    """The markdown table of :func:`results`' rows (peer rows last, each
+    with its footnote)."""
+    lines = [HEADER, '',
+             '| method | runs | val loss | Δ vs FP32, pairs dropped | '
+             'Δ vs FP32, diverged at unigram | Holm | collapsed |',
+             '|---|---|---|---|---|---|---|']
     for r in rows:
         val = V.Paired(**r['val_loss'])
-        diff = V.Paired(**r['difference'])
-        lines.append('| {} | {}/{} | {} | {} | {} | {} |'.format(
+        if r['peer']:
+            verdict = '{} (raw; peer, outside Holm)'.format(
+                r['raw_verdict']) if r['raw_verdict'] else '– (peer)'
+        else:
+            verdict = r['verdict'] or '–'
+        lines.append('| {} | {}/{} | {} | {} | {} | {} | {} |'.format(
             r['method'], r['ended'], r['runs'], _mean(val),
-            _interval(diff), r['verdict'] or '–',
+            _interval(V.Paired(**r['difference'])),
+            _interval(V.Paired(**r['difference_scored'])), verdict,
             V.rate_text(r['collapsed'], r['ended'])))
+    peers = [r for r in rows if r['peer']]
+    if peers:
+        lines += ['', 'Peer rows: runs of the independent PyTorch peer '
+                  '(`scripts/gpt_torch_peer.py`, no code of ada_loss), read '
+                  'from its JSON files; each file checked against this '
+                  'table (model shape, batch, steps, evaluation batches) '
+                  'and the text of our runs (`corpus_sha256`) before it is '
+                  'pooled. Their Δ is against our FP32 run of the same '
+                  'seed. They are outside the Holm family: they test '
+                  'another implementation (and unit scaling, another '
+                  'method at its own learning rate), not a precision or '
+                  'mode of ours, so their verdict is the raw interval\'s.']
+        lines += [_peer_note(r) for r in peers]
     return '\n'.join(lines) + '\n'
+
+
+def table(cfg, runs):
+    """The markdown table of :func:`results`."""
+    return render(results(cfg, runs))
 
 
 #: the one instance the entry runs
