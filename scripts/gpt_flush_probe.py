@@ -251,21 +251,26 @@ def main(argv=None):
             mode, pct(seen[worst]), worst, pct(rows['lm_head']),
             pct(max(attn) if attn else None), ok, len(rows)), flush=True)
         floors = {r['layer']: r.get('uf_floor') for r in scaling.records}
+        mass = {r['layer']: r.get('uf_mass_in') for r in scaling.records}
         if args.list:
-            # floor: the least share one scale of the tensor could flush
+            # floor: the least share one scale of the tensor could flush;
+            # mass: the flushed entries' share of the gradient's L1 norm
             print('    above 0.1 %: ' + ', '.join(
-                '{} {} (floor {})'.format(k, pct(v), pct(floors[k]))
+                '{} {} (floor {}, mass {})'.format(
+                    k, pct(v), pct(floors[k]),
+                    '{:.2g}%'.format(100 * mass[k]))
                 for k, v in seen.items() if v > 1e-3))
             empty = [k for k in rows if k not in seen]
             if empty:
                 print('    no nonzero entry entering: ' + ', '.join(empty))
         for r in details:
             print('    {:<24} alpha 2^{:<4g} beta 2^{:<3g} set_by {:<5} uf_in '
-                  '{:6.2%} (floor {:6.2%}) headroom in {:5.2f} out {:5.2f} '
-                  'err_x {:.2e}'.format(
+                  '{:6.2%} (floor {:6.2%}, mass {:.1e}) headroom in {:5.2f} '
+                  'out {:5.2f} err_x {:.2e}'.format(
                       r['layer'], numpy.log2(r['alpha']),
                       numpy.log2(r['beta']), r['set_by'] or '-',
-                      r['uf_in'], r['uf_floor'], r['headroom_in_log2'],
+                      r['uf_in'], r['uf_floor'], r['uf_mass_in'],
+                      r['headroom_in_log2'],
                       r['headroom_log2'], r['err_x']))
 
 

@@ -34,6 +34,10 @@ layer and step it can report:
   unrounded entering gradient: what the rounding of this layer costs;
 * ``alpha``: the scale the entering gradient carries (filled in after the
   pass by :class:`ProbingLossScaling`);
+* ``uf_mass_in``: the share of the entering gradient's magnitude (its L1
+  norm, in FP64) carried by the entries that flush to 0 -- ``uf_in``
+  counts entries, and a softmax's gradient has many whose magnitude is
+  negligible beside the rest; this says what the flushed entries weighed;
 * ``uf_floor`` (not a CSV column): the ``uf_in`` the entering gradient
   would have with its largest entry put into the format's top binade by a
   power of two (:func:`~ada_loss.loss_scale.fit.top_binade_scale`): the
@@ -71,7 +75,8 @@ from ada_loss.loss_scale.fit import top_binade_scale
 
 #: Column order of the probe's CSV.
 FIELDS = ('mode', 'iteration', 'layer_id', 'layer', 'alpha', 'beta',
-          'set_by', 'lower', 'upper', 'uf_in', 'of_in', 'headroom_in_log2',
+          'set_by', 'lower', 'upper', 'uf_in', 'uf_mass_in', 'of_in',
+          'headroom_in_log2',
           'uf_out', 'of_out', 'peak',
           'headroom_log2') + tuple('pred_' + b for b in G.BOUNDS) + (
           'k', 'uf_w', 'err_x', 'err_w', 'skipped')
@@ -83,6 +88,16 @@ def _nonzero_lost(before, after):
     nz = before != 0
     n = int(nz.sum())
     return float((nz & (after == 0)).sum()) / n if n else float('nan')
+
+
+def _mass_lost(before, after):
+    """Share of the L1 norm of ``before`` (FP64) carried by its nonzero
+    entries that are 0 in ``after``; NaN if ``before`` is all zero."""
+    mag = numpy.abs(numpy.asarray(before, numpy.float64))
+    total = float(mag.sum())
+    if not total > 0:
+        return float('nan')
+    return float(mag[(mag != 0) & (after == 0)].sum()) / total
 
 
 def _flush_floor(raw, fmt):
@@ -186,7 +201,8 @@ class GemmProbe(chainer.FunctionHook):
         q = fmt.quantize(bgx)
         peak = float(numpy.abs(bgx).max()) if bgx.size else 0.0
         row = {'layer_id': lid, 'layer': key, 'beta': beta,
-               'uf_in': uf_in, 'uf_floor': floor,
+               'uf_in': uf_in, 'uf_mass_in': _mass_lost(raw, gy),
+               'uf_floor': floor,
                'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
                'headroom_in_log2': (math.log2(fmt.u_max / peak_in)
                                     if peak_in > 0 else float('nan')),
@@ -230,6 +246,7 @@ class GemmProbe(chainer.FunctionHook):
             scales = {0: scales, 1: scales}
         peak_in = float(numpy.abs(raw).max()) if raw.size else 0.0
         shared = {'uf_in': _nonzero_lost(raw, gy),
+                  'uf_mass_in': _mass_lost(raw, gy),
                   'uf_floor': _flush_floor(raw, fmt),
                   'of_in': float((~(numpy.abs(raw) <= fmt.u_max)).mean()),
                   'headroom_in_log2': (math.log2(fmt.u_max / peak_in)

@@ -72,6 +72,10 @@ def test_probe_of_a_fixed_scale_against_numpy(scale):
     want_uf_in = float((nz & (e4m3(gy) == 0)).sum()) / nz.sum()
     r = rows['l2']
     assert r['uf_in'] == pytest.approx(want_uf_in, abs=1.5 / nz.sum())
+    # the flushed entries' share of the gradient's L1 norm
+    lost = np.abs(gy)[nz & (e4m3(gy) == 0)].sum() / np.abs(gy).sum()
+    assert r['uf_mass_in'] == pytest.approx(lost, rel=1e-4, abs=1e-7)
+    assert (r['uf_mass_in'] > 0) == (r['uf_in'] > 0)
     assert r['alpha'] == scale and r['beta'] == 1.0
     # what l2 produces: the stored gradient times W, FP32-accumulated
     W2 = model.l2.W.array.astype(np.float64)
