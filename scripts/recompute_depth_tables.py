@@ -40,7 +40,9 @@ null; a run *ended* when its status is ``finished`` or ``diverged``):
   precision under the split this rule gives. With a line 'The fixed scales
   were chosen on other seeds (FILE: ...)' in table1.md, the scale is
   instead the one with the best mean in FILE (by the same rule, over its
-  scales with an accuracy on every run), scored on every seed here;
+  scales with an accuracy on every run), scored on every seed here, and
+  the split line must name, for each depth and precision with runs here
+  that FILE chose a scale for, the split FILE's runs chose on;
 * paired tables (rows: depth, precision, method; compared with the held-out
   fixed scale, or for a ``grad=loss`` precision the same precision without
   it in mode none ('Recipe'), or for a precision with options the name
@@ -506,10 +508,9 @@ def held_out(runs, precision, model, elsewhere=None):
     return scored, scales, field
 
 
-def chosen_elsewhere(path):
-    """{(precision, model): scale text} of the best mean per depth and
-    precision over the fixed runs of another results.json (a scale with a
-    run without an accuracy is no candidate)."""
+def _elsewhere_sweep(path):
+    """{(precision, model): [(mode, [runs])]} of another results.json's
+    fixed runs."""
     with open(path) as f:
         raw = json.load(f)
     sweep = {}
@@ -517,6 +518,21 @@ def chosen_elsewhere(path):
         p, m, mode = text.split('|')
         if is_fixed(mode):
             sweep.setdefault((p, m), []).append((mode, rs))
+    return sweep
+
+
+def split_elsewhere(path):
+    """{(precision, model): run.json key} the scales of another
+    results.json were chosen on (:func:`split_of` of *its* fixed runs)."""
+    return {key: split_of([r for _, rs in modes for r in rs])
+            for key, modes in _elsewhere_sweep(path).items()}
+
+
+def chosen_elsewhere(path):
+    """{(precision, model): scale text} of the best mean per depth and
+    precision over the fixed runs of another results.json (a scale with a
+    run without an accuracy is no candidate)."""
+    sweep = _elsewhere_sweep(path)
     out = {}
     for key, modes in sweep.items():
         field = split_of([r for _, rs in modes for r in rs])
@@ -589,6 +605,9 @@ class Checker(object):
         self.verbose = verbose
         self.checked, self.mismatches, self.unchecked = 0, [], []
         self.elsewhere = None
+        #: {(precision, model): run.json key} the scales chosen elsewhere
+        #: were chosen on (None: chosen here, or the file is not found)
+        self.elsewhere_split = None
 
     def compare(self, where, row, column, printed, expected):
         self.checked += 1
@@ -901,6 +920,9 @@ class Checker(object):
                                      '{} {}'.format(key[1], key[0]), 'S',
                                      s, Text(str(want)))
                     self.elsewhere = mine
+                    self.elsewhere_split = {
+                        key: field for key, field in
+                        split_elsewhere(cand).items() if key in mine}
                     break
             else:
                 self.out('note: {} not found; the scales stated there are '
@@ -935,7 +957,18 @@ class Checker(object):
         line = next((x for x in text.splitlines() if x.startswith(
             'The held-out fixed scales were chosen ')), None)
         want = {}
+        if self.elsewhere_split is not None:
+            # chosen on another grid's runs: their split chose
+            for (p, m, _), rs in self.runs.items():
+                field = next((f for (pp, mm), f in
+                              self.elsewhere_split.items()
+                              if mm == m and same_spec(pp, p)), None)
+                if rs and m in models and field is not None:
+                    want.setdefault(field.split('_')[1], set()).add(
+                        '{} {}'.format(m, p))
         for (p, m, mode), rs in self.runs.items():
+            if self.elsewhere_split is not None:
+                break
             if is_fixed(mode) and rs and m in models:
                 field = split_of([r for _, seeds in fixed_sweep(
                     self.runs, p, m) for r in seeds.values()])

@@ -505,3 +505,50 @@ def test_a_tie_chooses_the_smaller_scale_whatever_the_order_of_the_runs(
         depth.chosen_scales.cache_clear()
         assert depth.chosen_scales(str(path)) == {
             ('fp8_e4m3', 'resnet20'): '4'}
+
+
+def test_the_split_note_names_the_split_the_scales_were_chosen_on_elsewhere(
+        tmp_path):
+    """With study.choose_fixed_on the scale is chosen on another grid's
+    runs: the note must say which images *those* runs chose on. A
+    confirmation whose own runs recorded a selection split, scored against
+    scales chosen on another grid's test accuracy, was said to be "chosen
+    on the selection split" (the note read this grid's runs)."""
+    import json
+
+    def run(seed, test, val=None):
+        r = _run(seed, test)
+        if val is not None:
+            r['final_val_accuracy'] = val
+        return r
+    # the design grid recorded no selection split: chosen on test accuracy
+    design = {'mixed16|resnet56|fixed:' + s: [
+        dict(run(seed, a), seed=seed) for seed in (0, 1)]
+        for s, a in (('4', 0.7), ('16', 0.6))}
+    path = tmp_path / 'design.json'
+    path.write_text(json.dumps(design))
+    depth.chosen_scales.cache_clear()
+    assert depth.chosen_scales(str(path)) == {('mixed16', 'resnet56'): '4'}
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'],
+                                   models=['resnet56'],
+                                   precisions=['mixed16']),
+        study=types.SimpleNamespace(fp32=False, choose_fixed_on=str(path)))
+    # the confirmation's runs (new seeds) did record a selection split
+    runs = {('mixed16', 'resnet56', 'fixed:4'): [
+        run(s, 0.70, 0.71) for s in (8, 9)],
+        ('mixed16', 'resnet56', 'adaptive'): [
+        run(s, 0.69, 0.70) for s in (8, 9)]}
+    note = depth.split_note(cfg, runs)
+    assert 'on the test images' in note and 'resnet56 mixed16' in note
+    assert 'on the selection split' not in note
+    # and the other way round: chosen on the design grid's selection split
+    design = {k: [dict(r, final_val_accuracy=r['final_test_accuracy'])
+                  for r in rs] for k, rs in design.items()}
+    path2 = tmp_path / 'design_val.json'
+    path2.write_text(json.dumps(design))
+    cfg.study.choose_fixed_on = str(path2)
+    old = {k: [_run(r['seed'], r['final_test_accuracy']) for r in rs]
+           for k, rs in runs.items()}
+    note = depth.split_note(cfg, old)
+    assert 'on the selection split' in note and 'test images' not in note

@@ -403,3 +403,54 @@ def test_bad_input_is_one_line(tmp_path):
     assert 'expected table1.md or table4.md' in run()
     (tmp_path / 'table1.md').write_text('| Depth |\n|---|\n')
     assert 'expected results.json or <precision>/<run>/run.json' in run()
+
+
+def test_the_split_line_of_scales_chosen_elsewhere(tmp_path):
+    """study.choose_fixed_on: the scales were chosen on another grid's
+    runs, so the line saying which images chose must name *their* split.
+    A confirmation whose own runs recorded a selection split, scored
+    against scales chosen on the design grid's test accuracy, was printed
+    (and recomputed) as chosen on the selection split; the table code and
+    the script now both read the design grid's runs, and the old line is a
+    mismatch."""
+    design = {'mixed16|resnet56|fixed:' + s: [
+        {'seed': seed, 'status': 'finished', 'final_test_accuracy': a}
+        for seed in (0, 1)] for s, a in (('4', 0.7), ('16', 0.6))}
+    path = tmp_path / 'design.json'
+    path.write_text(json.dumps(design))
+    cfg = depth.STUDY.load_config(None, [
+        'table=t', 'grid.models=[resnet56]', 'grid.precisions=[mixed16]',
+        'grid.modes=[adaptive]', 'grid.fixed_scales=[4]',
+        'grid.seeds=[8,9,10]', 'study.fp32=false', 'study.fig4.run=false',
+        'study.choose_fixed_on={}'.format(path)])
+
+    def run(seed, test):
+        return {'seed': seed, 'status': 'finished',
+                'final_test_accuracy': test, 'final_val_accuracy': test,
+                'skipped_steps': 0}
+    runs = {('mixed16', 'resnet56', 'fixed:4'): [
+        run(8, 0.70), run(9, 0.72), run(10, 0.69)],
+        ('mixed16', 'resnet56', 'adaptive'): [
+        run(8, 0.69), run(9, 0.70), run(10, 0.71)]}
+    depth.write_outputs(cfg, str(tmp_path), runs)
+    folder = tmp_path / 't'
+    (folder / 'results.json').write_text(json.dumps(
+        {'|'.join(k): rs for k, rs in runs.items()}))
+    t1 = (folder / 'table1.md').read_text()
+    good = ('The held-out fixed scales were chosen on the test images the '
+            'table reports')
+    assert good in t1
+    out = recompute(folder)
+    assert out.returncode == 0, out.stdout
+    # the line the table code printed before: this grid's runs' split
+    bad = t1.replace(good, 'The held-out fixed scales were chosen on the '
+                     'selection split of the training images '
+                     '(data.val_size) for resnet56 mixed16.\nX')
+    bad = bad.replace(
+        '\nX (runs without a selection split: the choice and its score '
+        'share images, which favours Fixed) for resnet56 mixed16.', '')
+    assert bad != t1 and 'on the selection split' in bad
+    (folder / 'table1.md').write_text(bad)
+    out = recompute(folder)
+    assert out.returncode == 1
+    assert 'the split that chose' in out.stdout, out.stdout

@@ -324,6 +324,27 @@ def _ascending(items):
     return sorted(items, key=lambda kv: _fixed_scale(kv[0]))
 
 
+def _design_sweep(path):
+    """{(precision, model): {mode: [run dict]}} of the fixed runs of a
+    results.json (the precision's and the mode's canonical text)."""
+    sweep = collections.defaultdict(collections.OrderedDict)
+    for (precision, model, mode, seed), r in _reused(path).items():
+        if mode.startswith('fixed:'):
+            key = (str(parse_precision(precision)), model)
+            sweep[key].setdefault(mode, []).append(r)
+    return sweep
+
+
+@functools.lru_cache(maxsize=4)
+def chosen_splits(path):
+    """{(precision, model): 'validation' | 'test'}: the split each of
+    :func:`chosen_scales`' choices was made on — the other grid's runs',
+    not this one's (a confirmation's own runs may record a selection split
+    that the choice never saw)."""
+    return {key: selection_split([r for rs in modes.values() for r in rs])
+            for key, modes in _design_sweep(path).items()}
+
+
 @functools.lru_cache(maxsize=4)
 def chosen_scales(path):
     """{(precision, model): 'S'}: per depth and precision, the fixed scale
@@ -332,15 +353,10 @@ def chosen_scales(path):
     :func:`held_out_fixed`, a tie keeps the smaller scale and a scale
     with a run that did not finish is no candidate — here on any seed of
     the file (there is no scored seed among them)."""
-    sweep = collections.defaultdict(collections.OrderedDict)
-    for (precision, model, mode, seed), r in _reused(path).items():
-        if mode.startswith('fixed:'):
-            key = (str(parse_precision(precision)), model)
-            sweep[key].setdefault(mode, []).append(r)
+    sweep = _design_sweep(path)
     out = {}
     for key, modes in sweep.items():
-        split = SPLIT_KEYS[selection_split(
-            [r for rs in modes.values() for r in rs])]
+        split = SPLIT_KEYS[chosen_splits(path)[key]]
         best = None
         for mode, rs in _ascending(modes.items()):
             accs = [_accuracy(r, split) for r in rs]
@@ -915,10 +931,21 @@ def plot_fig4b(records, modes, path, title):
 def split_note(cfg, runs):
     """Which images chose the held-out fixed scale of each depth and
     precision (issue 47): the selection split or, for runs that recorded
-    none, the test images the tables report."""
+    none, the test images the tables report. With
+    ``study.choose_fixed_on`` the choice was made on that file's runs, so
+    its runs say which split chose (:func:`chosen_splits`), for each depth
+    and precision with runs here that it chose a scale for."""
     by_split = collections.defaultdict(list)
+    path = getattr(getattr(cfg, 'study', None), 'choose_fixed_on', '')
+    elsewhere = chosen_splits(path) if path else None
     for m in cfg.grid.models:
         for p in (str(p) for p in cfg.grid.precisions):
+            if elsewhere is not None:
+                here = any(pp == p and mm == m and rs
+                           for (pp, mm, _), rs in runs.items())
+                if here and (p, m) in elsewhere:
+                    by_split[elsewhere[p, m]].append('{} {}'.format(m, p))
+                continue
             sweep = [r for (pp, mm, mode), rs in runs.items()
                      if pp == p and mm == m and mode.startswith('fixed:')
                      for r in rs]
