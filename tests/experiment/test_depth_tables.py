@@ -552,3 +552,22 @@ def test_the_split_note_names_the_split_the_scales_were_chosen_on_elsewhere(
            for k, rs in runs.items()}
     note = depth.split_note(cfg, old)
     assert 'on the selection split' in note and 'test images' not in note
+
+
+def test_pooled_runs_that_read_different_data_files_are_named():
+    """config_changes compares the data keys (a folder's path), not the
+    files in it: a run that read other Fashion-MNIST files at the same path
+    has the table's config, and was pooled without a word. run.json's data
+    record (the files' fingerprint) now says so."""
+    def run(seed, fingerprint):
+        return dict(_run(seed, 0.5), config_differs=[], git_commit='a' * 40,
+                    data={'roots': {}, 'files': {},
+                          'fingerprint': fingerprint * 64})
+    runs = {('fp8_e4m3', 'resnet20', 'adaptive'): [
+        run(0, 'a'), run(1, 'a'), run(2, 'b')]}
+    note = depth.provenance_note(runs)
+    assert 'read different data files' in note
+    assert 'bbbbbbbbbb (1: resnet20 fp8_e4m3 adaptive seed 2)' in note
+    runs = {('fp8_e4m3', 'resnet20', 'adaptive'): [
+        run(0, 'a'), run(1, 'a'), dict(_run(2, 0.5), config_differs=[])]}
+    assert 'data' not in depth.provenance_note(runs)

@@ -246,12 +246,21 @@ def pooled_config(study, cfg, cell, folder):
 
 def provenance_note(runs):
     """Footnote of what the pooled runs ran: those whose config differs
-    from the table's in a key that determines the numbers (named), those
-    whose config could not be checked, and the commits they ran at."""
+    from the table's in a key that determines the numbers (named), the
+    runs of each data set where their data records name more than one (a
+    config's data keys name a folder, not the files in it), those whose
+    config could not be checked, and the commits they ran at."""
     differ, unknown, commits = [], 0, collections.Counter()
+    data = collections.defaultdict(list)
     for (p, m, mode), rs in sorted(runs.items()):
         for r in rs:
             commits[(r.get('git_commit') or 'unknown')[:10]] += 1
+            record = r.get('data')
+            if isinstance(record, dict) and record.get('fingerprint'):
+                # the data files a run read (run.json's data record): two
+                # fingerprints are two data sets pooled in one table
+                data[record['fingerprint'][:10]].append(
+                    '{} {} {} seed {}'.format(m, p, mode, r.get('seed')))
             keys = r.get('config_differs', None)
             if 'config_differs' not in r or keys is None:
                 unknown += 1
@@ -264,6 +273,13 @@ def provenance_note(runs):
                      "table's** (the keys that differ): {}.".format(
                          len(differ), '; '.join(differ[:8]) + (
                              '; …' if len(differ) > 8 else '')))
+    if len(data) > 1:
+        lines.append('**The pooled runs read different data files** (the '
+                     'fingerprint of their data record: runs): {}.'.format(
+                         '; '.join('{} ({}: {}{})'.format(
+                             fp, len(names), ', '.join(names[:2]),
+                             ', …' if len(names) > 2 else '')
+                             for fp, names in sorted(data.items()))))
     if unknown:
         lines.append('{} pooled runs have no config.yaml to check (runs '
                      'reused from a results.json): their config is '
