@@ -571,3 +571,21 @@ def test_pooled_runs_that_read_different_data_files_are_named():
     runs = {('fp8_e4m3', 'resnet20', 'adaptive'): [
         run(0, 'a'), run(1, 'a'), dict(_run(2, 0.5), config_differs=[])]}
     assert 'data' not in depth.provenance_note(runs)
+
+
+def test_the_table_says_fixed_best_is_chosen_on_the_test_images(tmp_path):
+    """Issue 47: the tables say which images chose what. Fixed (best) is
+    the best mean test accuracy of the very runs it reports (also where a
+    selection split was recorded): the table says so, and says it only
+    where there is a fixed scale."""
+    cfg = depth.STUDY.load_config(None, [
+        'grid.models=[resnet110]', 'grid.precisions=[fp8_e4m3]',
+        'grid.fixed_scales=[16,64]', 'grid.modes=[adaptive]',
+        'study.fp32=false', 'table=t'])
+    t1, _ = depth.write_outputs(cfg, str(tmp_path), RUNS)
+    assert '| Fixed (best)' in t1 or 'Fixed (best) |' in t1
+    assert ('Fixed (best) = the scale with the best mean final test '
+            'accuracy over these runs: chosen on the test images') in t1
+    adaptive = {k: v for k, v in RUNS.items() if k[2] == 'adaptive'}
+    t1, _ = depth.write_outputs(cfg, str(tmp_path), adaptive)
+    assert 'Fixed (best) =' not in t1
