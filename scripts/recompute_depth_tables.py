@@ -1,7 +1,7 @@
 """Every cell of a depth study's tables recomputed from its per-run files,
 by code that shares nothing with the tables' own (issue 47: an audit's
-check). It imports the standard library, NumPy and SciPy only — nothing of
-``ada_loss`` — and works from the definitions written out below, not from
+check). It imports the standard library, NumPy, SciPy and PyYAML (to read
+``config.yaml``) only — nothing of ``ada_loss`` — and works from the definitions written out below, not from
 the table code (``ada_loss/experiment/studies/depth.py``).
 
     python scripts/recompute_depth_tables.py FOLDER [FOLDER ...] [-v]
@@ -69,7 +69,17 @@ null; a run *ended* when its status is ``finished`` or ``diverged``):
   scale has a row of its own ('Fixed (held-out)');
 * table4.md: a cell of runs per fixed scale;
 * 'Commits of the pooled runs': the runs counted by ``git_commit`` (its
-  first 10 characters, 'unknown' where null).
+  first 10 characters, 'unknown' where null);
+* '**N pooled runs ran another config than this table's**': where the
+  folder has its ``config.yaml`` (the table's config) and runs have theirs,
+  each run's ``config.yaml`` against the table's for its depth (the table's
+  sections, ``per_model[depth]`` merged into them; ``grid`` and
+  ``per_model`` themselves aside), key by key (a missing key is null), but
+  for :data:`NOT_COMPARED` (the run's own name, and what does not change
+  its numbers); the line names each run that differs (``depth precision
+  mode seed s (keys)``, the first 8, by precision, depth and mode, then
+  seed), and there is no such line where none differs (checked in tables
+  that have the commits line, which came with it).
 
 Rows and columns are checked too: a comparison the runs make with no row,
 a row or column with no runs.
@@ -87,6 +97,7 @@ import re
 import sys
 
 import numpy
+import yaml
 from scipy import stats as scipy_stats
 
 FINISHED, DIVERGED = 'finished', 'diverged'
@@ -104,6 +115,17 @@ DASHES = ('—', '–', '-')
 #: slack at a rounding tie: the two codes may add in another order (a
 #: difference near 1e-14 here), far below a changed last digit
 TIE = 1e-9
+
+
+#: dotted keys of a run's config.yaml not compared with the table's: the
+#: run's own cell and names (run, table, layout, train.precision), free text
+#: and what is logged or shown (description, log), how the data are fetched
+#: (data.download, data.mirror) and the study's table-time settings
+#: (study.reuse, .fig4, .fp32, .choose_fixed_on, .runs_from)
+NOT_COMPARED = ('run', 'table', 'layout', 'train.precision', 'description',
+                'log', 'data.download', 'data.mirror', 'study.reuse',
+                'study.fig4', 'study.fp32', 'study.choose_fixed_on',
+                'study.runs_from')
 
 
 class BadInput(Exception):
@@ -228,6 +250,43 @@ def config_sha256(run_folder):
         return None
     with open(path, 'rb') as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def read_config(path):
+    """A config.yaml as a dict, or None (no such file)."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        try:
+            return yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise BadInput('{}: not YAML ({})'.format(path, e))
+
+
+def expected_run_config(table, model):
+    """The config a run of ``model`` runs under a table's config: its
+    sections with ``per_model[model]`` merged into them."""
+    out = {k: v for k, v in table.items() if k not in ('grid', 'per_model')}
+    for sec, values in ((table.get('per_model') or {}).get(model) or
+                        {}).items():
+        out[sec] = dict(out.get(sec) or {}, **values)
+    return out
+
+
+def differing_keys(a, b, prefix=''):
+    """Dotted keys whose values differ between two nested dicts (a
+    missing key is null), :data:`NOT_COMPARED` aside, sorted."""
+    keys = []
+    for k in set(a) | set(b):
+        name = prefix + str(k)
+        if any(name == n or name.startswith(n + '.') for n in NOT_COMPARED):
+            continue
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            keys += differing_keys(x, y, name + '.')
+        elif x != y:
+            keys.append(name)
+    return sorted(keys)
 
 
 def lookup(runs, precision, model, mode):
@@ -950,6 +1009,7 @@ class Checker(object):
                     self.skip(where, ' '.join(r[:3]), '*', 'table not known')
         self.split_note(where0, text, models)
         self.commits_note(where0, text)
+        self.config_note(where0, text)
 
     def split_note(self, where, text, models):
         """The line saying which images chose the held-out scale of each
@@ -988,6 +1048,44 @@ class Checker(object):
                          'depth and precision',
                          ', '.join(sorted(got.get(split, ()))),
                          Text(', '.join(sorted(want.get(split, ())))))
+
+    def config_note(self, where, text):
+        """The line naming the pooled runs whose config.yaml differs
+        from the table's (module docstring)."""
+        if 'Commits of the pooled runs: ' not in text:
+            # a table from before the table step checked configs (issue
+            # 47): it makes no claim about them
+            return
+        table = read_config(os.path.join(self.folder, 'config.yaml'))
+        checked = [(key, r) for key, rs in self.runs.items() for r in rs
+                   if r.get('_folder') and os.path.isfile(
+                       os.path.join(r['_folder'], 'config.yaml'))]
+        if table is None or not checked:
+            return      # nothing to compare (runs from a results.json)
+        differ = []
+        for (p, m, mode), r in sorted(checked, key=lambda kr: (
+                kr[0], kr[1]['seed'])):
+            keys = differing_keys(
+                expected_run_config(table, m),
+                read_config(os.path.join(r['_folder'], 'config.yaml')))
+            if keys:
+                differ.append('{} {} {} seed {} ({})'.format(
+                    m, p, mode, r['seed'], ', '.join(keys)))
+        line = next((x for x in text.splitlines() if
+                     ' pooled runs ran another config than this table' in x),
+                    None)
+        want = ("**{} pooled runs ran another config than this table's** "
+                "(the keys that differ): {}.".format(len(differ), '; '.join(
+                    differ[:8]) + ('; …' if len(differ) > 8 else ''))
+                if differ else '(no such line)')
+
+        def keys_as_sets(s):
+            # each entry's keys in any order
+            return re.sub(r'\(([^()]*)\)', lambda m: '({})'.format(
+                ', '.join(sorted(m.group(1).split(', ')))), s)
+        got = line if line is not None else '(no such line)'
+        self.compare(where + ' [configs]', 'pooled runs of another config',
+                     'line', keys_as_sets(got), Text(keys_as_sets(want)))
 
     def commits_note(self, where, text):
         """The line naming the commits the pooled runs ran at, counted."""

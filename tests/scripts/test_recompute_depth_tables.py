@@ -127,7 +127,7 @@ def test_the_script_imports_nothing_of_ada_loss():
     names += [n.module or '' for n in ast.walk(tree)
               if isinstance(n, ast.ImportFrom)]
     allowed = ('argparse', 'hashlib', 'json', 'math', 'os', 're', 'sys',
-               'numpy', 'scipy')
+               'numpy', 'scipy', 'yaml')
     assert names and not [n for n in names
                           if n.split('.')[0] not in allowed]
     # and runs where ada_loss cannot be imported, from another folder
@@ -454,3 +454,46 @@ def test_the_split_line_of_scales_chosen_elsewhere(tmp_path):
     out = recompute(folder)
     assert out.returncode == 1
     assert 'the split that chose' in out.stdout, out.stdout
+
+
+PREREG = os.path.join(ROOT, 'benchmarks', 'loss_gradient_prereg',
+                      'loss_gradient_prereg')
+
+
+def test_a_table_that_hides_a_pooled_run_of_another_config(tmp_path):
+    """The table step names the pooled runs whose config.yaml is not the
+    table's; the script now recomputes that line from the run folders'
+    config.yaml and the table's (it checked the config's hash only, so a
+    table printed before a run's config changed, or with the line taken
+    out, passed)."""
+    import hashlib
+    out = tmp_path / 'out'
+    copy = out / 'loss_gradient_prereg'
+    shutil.copytree(PREREG, str(copy))
+    assert recompute(copy).returncode == 0
+    run = copy / 'fp8_e4m3:recipe=current,grad=loss' / \
+        'resnet20-fashion_mnist-adaptive-s5'
+    config = run / 'config.yaml'
+    config.write_text(config.read_text().replace('lr: 0.05', 'lr: 0.1'))
+    results = json.loads((copy / 'results.json').read_text())
+    for r in results['fp8_e4m3:recipe=current,grad=loss|resnet20|adaptive']:
+        if r['seed'] == 5:       # as the table step would record it
+            r['config_sha256'] = hashlib.sha256(
+                config.read_bytes()).hexdigest()
+    (copy / 'results.json').write_text(json.dumps(results))
+    got = recompute(copy)
+    assert got.returncode == 1
+    assert got.stdout.count('MISMATCH') == 1, got.stdout
+    assert ("**1 pooled runs ran another config than this table's** (the "
+            "keys that differ): resnet20 fp8_e4m3:recipe=current,grad=loss "
+            "adaptive seed 5 (train.lr)") in got.stdout
+    # the table step, re-run, prints the line: the script agrees
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'experiments', 'depth_study.py'),
+         '--config', os.path.join(ROOT, 'configs',
+                                  'loss_gradient_prereg.yaml'),
+         '--out', str(out), '--table-only'], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'ran another config' in (copy / 'table1.md').read_text()
+    assert recompute(copy).returncode == 0
