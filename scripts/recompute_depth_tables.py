@@ -79,7 +79,11 @@ null; a run *ended* when its status is ``finished`` or ``diverged``):
   its numbers); the line names each run that differs (``depth precision
   mode seed s (keys)``, the first 8, by precision, depth and mode, then
   seed), and there is no such line where none differs (checked in tables
-  that have the commits line, which came with it).
+  that have the commits line, which came with it);
+* '**The pooled runs read different data files**': where the runs'
+  ``run.json`` data records (their ``fingerprint``) name more than one data
+  set, each fingerprint's first 10 characters with its runs (count, the
+  first two); no such line otherwise.
 
 Rows and columns are checked too: a comparison the runs make with no row,
 a row or column with no runs.
@@ -1010,6 +1014,7 @@ class Checker(object):
         self.split_note(where0, text, models)
         self.commits_note(where0, text)
         self.config_note(where0, text)
+        self.data_note(where0, text)
 
     def split_note(self, where, text, models):
         """The line saying which images chose the held-out scale of each
@@ -1086,6 +1091,31 @@ class Checker(object):
         got = line if line is not None else '(no such line)'
         self.compare(where + ' [configs]', 'pooled runs of another config',
                      'line', keys_as_sets(got), Text(keys_as_sets(want)))
+
+    def data_note(self, where, text):
+        """The line naming the pooled runs of each data set where their
+        run.json data records name more than one (module docstring)."""
+        if 'Commits of the pooled runs: ' not in text:
+            return
+        data = {}
+        for (p, m, mode), rs in sorted(self.runs.items()):
+            for r in sorted(rs, key=lambda r: r['seed']):
+                record = r.get('data')
+                if isinstance(record, dict) and record.get('fingerprint'):
+                    data.setdefault(record['fingerprint'][:10], []).append(
+                        '{} {} {} seed {}'.format(m, p, mode, r['seed']))
+        want = ('**The pooled runs read different data files** (the '
+                'fingerprint of their data record: runs): {}.'.format(
+                    '; '.join('{} ({}: {}{})'.format(
+                        fp, len(names), ', '.join(names[:2]),
+                        ', …' if len(names) > 2 else '')
+                        for fp, names in sorted(data.items())))
+                if len(data) > 1 else '(no such line)')
+        line = next((x for x in text.splitlines() if x.startswith(
+            '**The pooled runs read different data files**')),
+            '(no such line)')
+        self.compare(where + ' [data]', 'pooled runs of other data', 'line',
+                     line, Text(want))
 
     def commits_note(self, where, text):
         """The line naming the commits the pooled runs ran at, counted."""

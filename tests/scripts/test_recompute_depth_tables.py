@@ -497,3 +497,30 @@ def test_a_table_that_hides_a_pooled_run_of_another_config(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 'ran another config' in (copy / 'table1.md').read_text()
     assert recompute(copy).returncode == 0
+
+
+def test_pooled_runs_of_two_data_sets_are_recomputed(tmp_path):
+    """The table step names pooled runs whose run.json data records differ
+    (their files' fingerprint); the script recomputes that line."""
+    out = tmp_path / 'out'
+    copy = out / 'loss_gradient_prereg'
+    shutil.copytree(PREREG, str(copy))
+    for path in copy.glob('*/*/run.json'):
+        r = json.loads(path.read_text())
+        other = r['seed'] == 6 and r['mode'] == 'adaptive'
+        r['data'] = {'roots': {}, 'files': {},
+                     'fingerprint': ('b' if other else 'a') * 64}
+        path.write_text(json.dumps(r))
+    got = recompute(copy)
+    assert got.returncode == 1 and got.stdout.count('MISMATCH') == 1
+    assert 'bbbbbbbbbb (1: resnet20 fp8_e4m3:recipe=current,grad=loss ' \
+        'adaptive seed 6)' in got.stdout
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'experiments', 'depth_study.py'),
+         '--config', os.path.join(ROOT, 'configs',
+                                  'loss_gradient_prereg.yaml'),
+         '--out', str(out), '--table-only'], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'read different data files' in (copy / 'table1.md').read_text()
+    assert recompute(copy).returncode == 0, recompute(copy).stdout
