@@ -5,7 +5,9 @@
 #   1. the confirmation: adaptive against the scale chosen on seeds 0-7
 #      (study.choose_fixed_on), scored on seeds 8-15 only;
 #   2. all sixteen seeds pooled: the runs of both grids gathered (hard
-#      links) into OUT/mixed16_pooled, the scale chosen on the other seeds.
+#      links) into OUT/mixed16_pooled, the scale chosen on the other seeds —
+#      exploratory (issue 47): the candidate scales (4, 16) were picked on
+#      seeds 0-7, which the pool contains; the confirmation is step 1.
 #   scripts/depth_mixed16_confirm.sh [OUT]    (default results/depth3;
 #   trains what is missing of step 1's grid, then prints the tables)
 set -euo pipefail
@@ -38,12 +40,12 @@ for src in depth_mixed16_110 depth_mixed16_20_56 depth_mixed16_replicate; do
     [ -e "$P/mixed16/$r" ] || cp -al "$run" "$P/mixed16/$r"
   done
 done
-echo '## 2. All sixteen seeds (the scale chosen on the other fifteen)'
+echo '## 2. All sixteen seeds (the scale chosen on the other fifteen) — exploratory: the candidate scales were picked on seeds 0-7, which it contains'
 "$PY" experiments/depth_study.py --out "$OUT" --table-only \
   --set table=mixed16_pooled --set 'grid.models=[resnet56,resnet110]' \
   --set 'grid.fixed_scales=[4,16]' \
   --set 'grid.seeds=[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]' "${COMMON[@]}"
-echo '## 3. The fixed scales and adaptive against each other at depth 56: seeds 8-15, then all sixteen'
+echo '## 3. The fixed scales and adaptive against each other at depth 56: seeds 8-15, then all sixteen (exploratory)'
 for r in "$OUT/depth_mixed16_replicate/results.json" "$P/results.json"; do
   "$PY" scripts/paired_cells.py "$r" 'mixed16|resnet56|fixed:4' \
     'mixed16|resnet56|fixed:16' 'mixed16|resnet56|adaptive'

@@ -1,7 +1,7 @@
 """Every cell of a depth study's tables recomputed from its per-run files,
 by code that shares nothing with the tables' own (issue 47: an audit's
-check). It imports the standard library, NumPy and SciPy only — nothing of
-``ada_loss`` — and works from the definitions written out below, not from
+check). It imports the standard library, NumPy, SciPy and PyYAML (to read
+``config.yaml``) only — nothing of ``ada_loss`` — and works from the definitions written out below, not from
 the table code (``ada_loss/experiment/studies/depth.py``).
 
     python scripts/recompute_depth_tables.py FOLDER [FOLDER ...] [-v]
@@ -40,7 +40,9 @@ null; a run *ended* when its status is ``finished`` or ``diverged``):
   precision under the split this rule gives. With a line 'The fixed scales
   were chosen on other seeds (FILE: ...)' in table1.md, the scale is
   instead the one with the best mean in FILE (by the same rule, over its
-  scales with an accuracy on every run), scored on every seed here;
+  scales with an accuracy on every run), scored on every seed here, and
+  the split line must name, for each depth and precision with runs here
+  that FILE chose a scale for, the split FILE's runs chose on;
 * paired tables (rows: depth, precision, method; compared with the held-out
   fixed scale, or for a ``grad=loss`` precision the same precision without
   it in mode none ('Recipe'), or for a precision with options the name
@@ -67,7 +69,21 @@ null; a run *ended* when its status is ``finished`` or ``diverged``):
   scale has a row of its own ('Fixed (held-out)');
 * table4.md: a cell of runs per fixed scale;
 * 'Commits of the pooled runs': the runs counted by ``git_commit`` (its
-  first 10 characters, 'unknown' where null).
+  first 10 characters, 'unknown' where null);
+* '**N pooled runs ran another config than this table's**': where the
+  folder has its ``config.yaml`` (the table's config) and runs have theirs,
+  each run's ``config.yaml`` against the table's for its depth (the table's
+  sections, ``per_model[depth]`` merged into them; ``grid`` and
+  ``per_model`` themselves aside), key by key (a missing key is null), but
+  for :data:`NOT_COMPARED` (the run's own name, and what does not change
+  its numbers); the line names each run that differs (``depth precision
+  mode seed s (keys)``, the first 8, by precision, depth and mode, then
+  seed), and there is no such line where none differs (checked in tables
+  that have the commits line, which came with it);
+* '**The pooled runs read different data files**': where the runs'
+  ``run.json`` data records (their ``fingerprint``) name more than one data
+  set, each fingerprint's first 10 characters with its runs (count, the
+  first two); no such line otherwise.
 
 Rows and columns are checked too: a comparison the runs make with no row,
 a row or column with no runs.
@@ -85,6 +101,7 @@ import re
 import sys
 
 import numpy
+import yaml
 from scipy import stats as scipy_stats
 
 FINISHED, DIVERGED = 'finished', 'diverged'
@@ -102,6 +119,17 @@ DASHES = ('—', '–', '-')
 #: slack at a rounding tie: the two codes may add in another order (a
 #: difference near 1e-14 here), far below a changed last digit
 TIE = 1e-9
+
+
+#: dotted keys of a run's config.yaml not compared with the table's: the
+#: run's own cell and names (run, table, layout, train.precision), free text
+#: and what is logged or shown (description, log), how the data are fetched
+#: (data.download, data.mirror) and the study's table-time settings
+#: (study.reuse, .fig4, .fp32, .choose_fixed_on, .runs_from)
+NOT_COMPARED = ('run', 'table', 'layout', 'train.precision', 'description',
+                'log', 'data.download', 'data.mirror', 'study.reuse',
+                'study.fig4', 'study.fp32', 'study.choose_fixed_on',
+                'study.runs_from')
 
 
 class BadInput(Exception):
@@ -226,6 +254,43 @@ def config_sha256(run_folder):
         return None
     with open(path, 'rb') as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def read_config(path):
+    """A config.yaml as a dict, or None (no such file)."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        try:
+            return yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise BadInput('{}: not YAML ({})'.format(path, e))
+
+
+def expected_run_config(table, model):
+    """The config a run of ``model`` runs under a table's config: its
+    sections with ``per_model[model]`` merged into them."""
+    out = {k: v for k, v in table.items() if k not in ('grid', 'per_model')}
+    for sec, values in ((table.get('per_model') or {}).get(model) or
+                        {}).items():
+        out[sec] = dict(out.get(sec) or {}, **values)
+    return out
+
+
+def differing_keys(a, b, prefix=''):
+    """Dotted keys whose values differ between two nested dicts (a
+    missing key is null), :data:`NOT_COMPARED` aside, sorted."""
+    keys = []
+    for k in set(a) | set(b):
+        name = prefix + str(k)
+        if any(name == n or name.startswith(n + '.') for n in NOT_COMPARED):
+            continue
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            keys += differing_keys(x, y, name + '.')
+        elif x != y:
+            keys.append(name)
+    return sorted(keys)
 
 
 def lookup(runs, precision, model, mode):
@@ -506,10 +571,9 @@ def held_out(runs, precision, model, elsewhere=None):
     return scored, scales, field
 
 
-def chosen_elsewhere(path):
-    """{(precision, model): scale text} of the best mean per depth and
-    precision over the fixed runs of another results.json (a scale with a
-    run without an accuracy is no candidate)."""
+def _elsewhere_sweep(path):
+    """{(precision, model): [(mode, [runs])]} of another results.json's
+    fixed runs."""
     with open(path) as f:
         raw = json.load(f)
     sweep = {}
@@ -517,6 +581,21 @@ def chosen_elsewhere(path):
         p, m, mode = text.split('|')
         if is_fixed(mode):
             sweep.setdefault((p, m), []).append((mode, rs))
+    return sweep
+
+
+def split_elsewhere(path):
+    """{(precision, model): run.json key} the scales of another
+    results.json were chosen on (:func:`split_of` of *its* fixed runs)."""
+    return {key: split_of([r for _, rs in modes for r in rs])
+            for key, modes in _elsewhere_sweep(path).items()}
+
+
+def chosen_elsewhere(path):
+    """{(precision, model): scale text} of the best mean per depth and
+    precision over the fixed runs of another results.json (a scale with a
+    run without an accuracy is no candidate)."""
+    sweep = _elsewhere_sweep(path)
     out = {}
     for key, modes in sweep.items():
         field = split_of([r for _, rs in modes for r in rs])
@@ -589,6 +668,9 @@ class Checker(object):
         self.verbose = verbose
         self.checked, self.mismatches, self.unchecked = 0, [], []
         self.elsewhere = None
+        #: {(precision, model): run.json key} the scales chosen elsewhere
+        #: were chosen on (None: chosen here, or the file is not found)
+        self.elsewhere_split = None
 
     def compare(self, where, row, column, printed, expected):
         self.checked += 1
@@ -901,6 +983,9 @@ class Checker(object):
                                      '{} {}'.format(key[1], key[0]), 'S',
                                      s, Text(str(want)))
                     self.elsewhere = mine
+                    self.elsewhere_split = {
+                        key: field for key, field in
+                        split_elsewhere(cand).items() if key in mine}
                     break
             else:
                 self.out('note: {} not found; the scales stated there are '
@@ -928,6 +1013,8 @@ class Checker(object):
                     self.skip(where, ' '.join(r[:3]), '*', 'table not known')
         self.split_note(where0, text, models)
         self.commits_note(where0, text)
+        self.config_note(where0, text)
+        self.data_note(where0, text)
 
     def split_note(self, where, text, models):
         """The line saying which images chose the held-out scale of each
@@ -935,7 +1022,18 @@ class Checker(object):
         line = next((x for x in text.splitlines() if x.startswith(
             'The held-out fixed scales were chosen ')), None)
         want = {}
+        if self.elsewhere_split is not None:
+            # chosen on another grid's runs: their split chose
+            for (p, m, _), rs in self.runs.items():
+                field = next((f for (pp, mm), f in
+                              self.elsewhere_split.items()
+                              if mm == m and same_spec(pp, p)), None)
+                if rs and m in models and field is not None:
+                    want.setdefault(field.split('_')[1], set()).add(
+                        '{} {}'.format(m, p))
         for (p, m, mode), rs in self.runs.items():
+            if self.elsewhere_split is not None:
+                break
             if is_fixed(mode) and rs and m in models:
                 field = split_of([r for _, seeds in fixed_sweep(
                     self.runs, p, m) for r in seeds.values()])
@@ -955,6 +1053,69 @@ class Checker(object):
                          'depth and precision',
                          ', '.join(sorted(got.get(split, ()))),
                          Text(', '.join(sorted(want.get(split, ())))))
+
+    def config_note(self, where, text):
+        """The line naming the pooled runs whose config.yaml differs
+        from the table's (module docstring)."""
+        if 'Commits of the pooled runs: ' not in text:
+            # a table from before the table step checked configs (issue
+            # 47): it makes no claim about them
+            return
+        table = read_config(os.path.join(self.folder, 'config.yaml'))
+        checked = [(key, r) for key, rs in self.runs.items() for r in rs
+                   if r.get('_folder') and os.path.isfile(
+                       os.path.join(r['_folder'], 'config.yaml'))]
+        if table is None or not checked:
+            return      # nothing to compare (runs from a results.json)
+        differ = []
+        for (p, m, mode), r in sorted(checked, key=lambda kr: (
+                kr[0], kr[1]['seed'])):
+            keys = differing_keys(
+                expected_run_config(table, m),
+                read_config(os.path.join(r['_folder'], 'config.yaml')))
+            if keys:
+                differ.append('{} {} {} seed {} ({})'.format(
+                    m, p, mode, r['seed'], ', '.join(keys)))
+        line = next((x for x in text.splitlines() if
+                     ' pooled runs ran another config than this table' in x),
+                    None)
+        want = ("**{} pooled runs ran another config than this table's** "
+                "(the keys that differ): {}.".format(len(differ), '; '.join(
+                    differ[:8]) + ('; …' if len(differ) > 8 else ''))
+                if differ else '(no such line)')
+
+        def keys_as_sets(s):
+            # each entry's keys in any order
+            return re.sub(r'\(([^()]*)\)', lambda m: '({})'.format(
+                ', '.join(sorted(m.group(1).split(', ')))), s)
+        got = line if line is not None else '(no such line)'
+        self.compare(where + ' [configs]', 'pooled runs of another config',
+                     'line', keys_as_sets(got), Text(keys_as_sets(want)))
+
+    def data_note(self, where, text):
+        """The line naming the pooled runs of each data set where their
+        run.json data records name more than one (module docstring)."""
+        if 'Commits of the pooled runs: ' not in text:
+            return
+        data = {}
+        for (p, m, mode), rs in sorted(self.runs.items()):
+            for r in sorted(rs, key=lambda r: r['seed']):
+                record = r.get('data')
+                if isinstance(record, dict) and record.get('fingerprint'):
+                    data.setdefault(record['fingerprint'][:10], []).append(
+                        '{} {} {} seed {}'.format(m, p, mode, r['seed']))
+        want = ('**The pooled runs read different data files** (the '
+                'fingerprint of their data record: runs): {}.'.format(
+                    '; '.join('{} ({}: {}{})'.format(
+                        fp, len(names), ', '.join(names[:2]),
+                        ', …' if len(names) > 2 else '')
+                        for fp, names in sorted(data.items())))
+                if len(data) > 1 else '(no such line)')
+        line = next((x for x in text.splitlines() if x.startswith(
+            '**The pooled runs read different data files**')),
+            '(no such line)')
+        self.compare(where + ' [data]', 'pooled runs of other data', 'line',
+                     line, Text(want))
 
     def commits_note(self, where, text):
         """The line naming the commits the pooled runs ran at, counted."""

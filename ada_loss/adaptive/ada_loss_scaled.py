@@ -59,8 +59,13 @@ class AdaLossScaled(object):
             B the loss gradient's rows: a mean-reduced softmax
             cross-entropy has entries of magnitude ≤ 1/B — at B = 128 in
             E4M3 the whole loss gradient is subnormal at α = 1), else α_{N+1}
-            = 1 untouched (FP16, BF16, E5M2 at any usual B: bit-identical
-            to the default).
+            = 1 untouched (bit-identical to the default: BF16 always, FP16
+            and E5M2 below 2^15 rows). B is read from the shape, whatever
+            the loss's reduction: a convolution head's loss gradient has
+            N·H·W rows, so in FP16 SSD512 at batch 8 (first head 8·64·64 =
+            2^15 rows, a loss divided by its positive matches) takes the
+            amax rule although its loss gradient is normal there
+            (tests/adaptive/test_init_scale_format.py).
         t_uf (float): T_uf, the allowed underflow rate (§3.2.1).
         update_interval (int): recompute β every this many backward passes
             and reuse the last β in between (§4.3).
@@ -588,7 +593,9 @@ def format_rule(fmt, rows):
     ``rows`` rows stored in ``fmt``: ``'amax'`` where 1/rows — the largest
     entry a mean-reduced softmax cross-entropy's gradient can have — is
     below the format's smallest normal number, else None (α_{N+1} = 1).
-    Decided from shapes only (no read of a device array)."""
+    Decided from shapes only (no read of a device array): it assumes a
+    loss averaged over the rows, and takes the amax rule for a summed or
+    otherwise normalized loss of as many rows too."""
     if rows and 2.0 ** fmt.emin > 1.0 / rows:
         return 'amax'
     return None

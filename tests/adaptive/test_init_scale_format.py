@@ -66,10 +66,11 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize('precision', [
-    'mixed16', 'fp8:recipe=current,grad=loss'])
+    'mixed16', 'bf16', 'fp8:recipe=current,grad=loss'])
 def test_format_rule_leaves_fp16_and_e5m2_gradients_bit_identical(precision):
-    """FP16 (mixed16) and the hybrid's E5M2 gradients hold 1/128 as a
-    normal number: the candidate changes nothing there, to the bit."""
+    """FP16 (mixed16), BF16 and the hybrid's E5M2 gradients hold 1/128 as
+    a normal number: the candidate changes nothing there, to the bit
+    (docs/depth_study.md's registration names all three)."""
     default = _train(precision, 'adaptive', 128)
     assert set(default[1]) == {1.0}
     _same(_train(precision, 'adaptive:init_scale=format', 128), default)
@@ -83,3 +84,57 @@ def test_format_rule_is_amax_in_e4m3_at_batch_128():
     # at B = 64, 1/B is E4M3's smallest normal: the default's α_{N+1} = 1
     _same(_train(precision, 'adaptive:init_scale=format', 64),
           _train(precision, 'adaptive', 64))
+
+
+class _PixelHead(chainer.Chain):
+    """A 1×1 convolution head whose loss gradient has N·H·W rows (a
+    per-pixel or per-anchor loss: SSD's heads), with a loss summed over the
+    pixels and divided by a count that is not their number (SSD divides by
+    its positive matches)."""
+
+    def __init__(self):
+        super(_PixelHead, self).__init__()
+        with self.init_scope():
+            self.c = ada_loss.links.Convolution2D(2, 4, 1)
+
+    def forward(self, x, t):
+        y = self.c(x.astype(self.c.W.dtype))
+        return F.sum(F.softmax_cross_entropy(y, t, reduce='no')) / 100.0
+
+
+def _train_head(mode, n, side, precision='mixed16', steps=2):
+    np.random.seed(0)
+    with dtype_config(precision):
+        model = _PixelHead()
+    rng = np.random.RandomState(0)
+    data = [(rng.randn(2, side, side).astype(np.float32),
+             rng.randint(4, size=(side, side)).astype(np.int32))
+            for _ in range(n * steps)]
+    it = chainer.iterators.SerialIterator(data, n, shuffle=False)
+    opt = setup_optimizer(chainer.optimizers.MomentumSGD(lr=0.01), model,
+                          precision)
+    scaling = ada_loss.make_loss_scaling(mode, precision)
+    updater = MixedPrecisionUpdater(it, opt, scaling, mode=mode,
+                                    loss_func=model)
+    alphas = []
+    for _ in range(steps):
+        updater.update()
+        alphas.append(scaling.scale)
+    return {name: p.array.copy() for name, p in model.namedparams()}, alphas
+
+
+def test_format_rule_counts_rows_not_the_losss_reduction_in_fp16():
+    """The scope of the bit-identity in FP16: the rule reads the loss
+    gradient's rows (N·H·W for a convolution head), not its values. At
+    8 × 64 × 64 = 2^15 rows (SSD512's first head at batch 8, configs/
+    table3_ssd.yaml) it takes the amax rule in FP16 although this loss,
+    divided by a count and not by the rows, has a loss gradient FP16 holds
+    as normal numbers; below 2^15 rows it is the default to the bit."""
+    default = _train_head('adaptive', 8, 64)
+    assert set(default[1]) == {1.0}
+    changed = _train_head('adaptive:init_scale=format', 8, 64)
+    assert changed[1][0] > 1.0
+    assert any(changed[0][k].tobytes() != default[0][k].tobytes()
+               for k in default[0])
+    _same(_train_head('adaptive:init_scale=format', 8, 32),
+          _train_head('adaptive', 8, 32))

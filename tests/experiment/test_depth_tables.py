@@ -505,3 +505,87 @@ def test_a_tie_chooses_the_smaller_scale_whatever_the_order_of_the_runs(
         depth.chosen_scales.cache_clear()
         assert depth.chosen_scales(str(path)) == {
             ('fp8_e4m3', 'resnet20'): '4'}
+
+
+def test_the_split_note_names_the_split_the_scales_were_chosen_on_elsewhere(
+        tmp_path):
+    """With study.choose_fixed_on the scale is chosen on another grid's
+    runs: the note must say which images *those* runs chose on. A
+    confirmation whose own runs recorded a selection split, scored against
+    scales chosen on another grid's test accuracy, was said to be "chosen
+    on the selection split" (the note read this grid's runs)."""
+    import json
+
+    def run(seed, test, val=None):
+        r = _run(seed, test)
+        if val is not None:
+            r['final_val_accuracy'] = val
+        return r
+    # the design grid recorded no selection split: chosen on test accuracy
+    design = {'mixed16|resnet56|fixed:' + s: [
+        dict(run(seed, a), seed=seed) for seed in (0, 1)]
+        for s, a in (('4', 0.7), ('16', 0.6))}
+    path = tmp_path / 'design.json'
+    path.write_text(json.dumps(design))
+    depth.chosen_scales.cache_clear()
+    assert depth.chosen_scales(str(path)) == {('mixed16', 'resnet56'): '4'}
+    cfg = types.SimpleNamespace(
+        grid=types.SimpleNamespace(datasets=['fashion_mnist'],
+                                   models=['resnet56'],
+                                   precisions=['mixed16']),
+        study=types.SimpleNamespace(fp32=False, choose_fixed_on=str(path)))
+    # the confirmation's runs (new seeds) did record a selection split
+    runs = {('mixed16', 'resnet56', 'fixed:4'): [
+        run(s, 0.70, 0.71) for s in (8, 9)],
+        ('mixed16', 'resnet56', 'adaptive'): [
+        run(s, 0.69, 0.70) for s in (8, 9)]}
+    note = depth.split_note(cfg, runs)
+    assert 'on the test images' in note and 'resnet56 mixed16' in note
+    assert 'on the selection split' not in note
+    # and the other way round: chosen on the design grid's selection split
+    design = {k: [dict(r, final_val_accuracy=r['final_test_accuracy'])
+                  for r in rs] for k, rs in design.items()}
+    path2 = tmp_path / 'design_val.json'
+    path2.write_text(json.dumps(design))
+    cfg.study.choose_fixed_on = str(path2)
+    old = {k: [_run(r['seed'], r['final_test_accuracy']) for r in rs]
+           for k, rs in runs.items()}
+    note = depth.split_note(cfg, old)
+    assert 'on the selection split' in note and 'test images' not in note
+
+
+def test_pooled_runs_that_read_different_data_files_are_named():
+    """config_changes compares the data keys (a folder's path), not the
+    files in it: a run that read other Fashion-MNIST files at the same path
+    has the table's config, and was pooled without a word. run.json's data
+    record (the files' fingerprint) now says so."""
+    def run(seed, fingerprint):
+        return dict(_run(seed, 0.5), config_differs=[], git_commit='a' * 40,
+                    data={'roots': {}, 'files': {},
+                          'fingerprint': fingerprint * 64})
+    runs = {('fp8_e4m3', 'resnet20', 'adaptive'): [
+        run(0, 'a'), run(1, 'a'), run(2, 'b')]}
+    note = depth.provenance_note(runs)
+    assert 'read different data files' in note
+    assert 'bbbbbbbbbb (1: resnet20 fp8_e4m3 adaptive seed 2)' in note
+    runs = {('fp8_e4m3', 'resnet20', 'adaptive'): [
+        run(0, 'a'), run(1, 'a'), dict(_run(2, 0.5), config_differs=[])]}
+    assert 'data' not in depth.provenance_note(runs)
+
+
+def test_the_table_says_fixed_best_is_chosen_on_the_test_images(tmp_path):
+    """Issue 47: the tables say which images chose what. Fixed (best) is
+    the best mean test accuracy of the very runs it reports (also where a
+    selection split was recorded): the table says so, and says it only
+    where there is a fixed scale."""
+    cfg = depth.STUDY.load_config(None, [
+        'grid.models=[resnet110]', 'grid.precisions=[fp8_e4m3]',
+        'grid.fixed_scales=[16,64]', 'grid.modes=[adaptive]',
+        'study.fp32=false', 'table=t'])
+    t1, _ = depth.write_outputs(cfg, str(tmp_path), RUNS)
+    assert '| Fixed (best)' in t1 or 'Fixed (best) |' in t1
+    assert ('Fixed (best) = the scale with the best mean final test '
+            'accuracy over these runs: chosen on the test images') in t1
+    adaptive = {k: v for k, v in RUNS.items() if k[2] == 'adaptive'}
+    t1, _ = depth.write_outputs(cfg, str(tmp_path), adaptive)
+    assert 'Fixed (best) =' not in t1

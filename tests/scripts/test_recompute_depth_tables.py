@@ -127,7 +127,7 @@ def test_the_script_imports_nothing_of_ada_loss():
     names += [n.module or '' for n in ast.walk(tree)
               if isinstance(n, ast.ImportFrom)]
     allowed = ('argparse', 'hashlib', 'json', 'math', 'os', 're', 'sys',
-               'numpy', 'scipy')
+               'numpy', 'scipy', 'yaml')
     assert names and not [n for n in names
                           if n.split('.')[0] not in allowed]
     # and runs where ada_loss cannot be imported, from another folder
@@ -403,3 +403,124 @@ def test_bad_input_is_one_line(tmp_path):
     assert 'expected table1.md or table4.md' in run()
     (tmp_path / 'table1.md').write_text('| Depth |\n|---|\n')
     assert 'expected results.json or <precision>/<run>/run.json' in run()
+
+
+def test_the_split_line_of_scales_chosen_elsewhere(tmp_path):
+    """study.choose_fixed_on: the scales were chosen on another grid's
+    runs, so the line saying which images chose must name *their* split.
+    A confirmation whose own runs recorded a selection split, scored
+    against scales chosen on the design grid's test accuracy, was printed
+    (and recomputed) as chosen on the selection split; the table code and
+    the script now both read the design grid's runs, and the old line is a
+    mismatch."""
+    design = {'mixed16|resnet56|fixed:' + s: [
+        {'seed': seed, 'status': 'finished', 'final_test_accuracy': a}
+        for seed in (0, 1)] for s, a in (('4', 0.7), ('16', 0.6))}
+    path = tmp_path / 'design.json'
+    path.write_text(json.dumps(design))
+    cfg = depth.STUDY.load_config(None, [
+        'table=t', 'grid.models=[resnet56]', 'grid.precisions=[mixed16]',
+        'grid.modes=[adaptive]', 'grid.fixed_scales=[4]',
+        'grid.seeds=[8,9,10]', 'study.fp32=false', 'study.fig4.run=false',
+        'study.choose_fixed_on={}'.format(path)])
+
+    def run(seed, test):
+        return {'seed': seed, 'status': 'finished',
+                'final_test_accuracy': test, 'final_val_accuracy': test,
+                'skipped_steps': 0}
+    runs = {('mixed16', 'resnet56', 'fixed:4'): [
+        run(8, 0.70), run(9, 0.72), run(10, 0.69)],
+        ('mixed16', 'resnet56', 'adaptive'): [
+        run(8, 0.69), run(9, 0.70), run(10, 0.71)]}
+    depth.write_outputs(cfg, str(tmp_path), runs)
+    folder = tmp_path / 't'
+    (folder / 'results.json').write_text(json.dumps(
+        {'|'.join(k): rs for k, rs in runs.items()}))
+    t1 = (folder / 'table1.md').read_text()
+    good = ('The held-out fixed scales were chosen on the test images the '
+            'table reports')
+    assert good in t1
+    out = recompute(folder)
+    assert out.returncode == 0, out.stdout
+    # the line the table code printed before: this grid's runs' split
+    bad = t1.replace(good, 'The held-out fixed scales were chosen on the '
+                     'selection split of the training images '
+                     '(data.val_size) for resnet56 mixed16.\nX')
+    bad = bad.replace(
+        '\nX (runs without a selection split: the choice and its score '
+        'share images, which favours Fixed) for resnet56 mixed16.', '')
+    assert bad != t1 and 'on the selection split' in bad
+    (folder / 'table1.md').write_text(bad)
+    out = recompute(folder)
+    assert out.returncode == 1
+    assert 'the split that chose' in out.stdout, out.stdout
+
+
+PREREG = os.path.join(ROOT, 'benchmarks', 'loss_gradient_prereg',
+                      'loss_gradient_prereg')
+
+
+def test_a_table_that_hides_a_pooled_run_of_another_config(tmp_path):
+    """The table step names the pooled runs whose config.yaml is not the
+    table's; the script now recomputes that line from the run folders'
+    config.yaml and the table's (it checked the config's hash only, so a
+    table printed before a run's config changed, or with the line taken
+    out, passed)."""
+    import hashlib
+    out = tmp_path / 'out'
+    copy = out / 'loss_gradient_prereg'
+    shutil.copytree(PREREG, str(copy))
+    assert recompute(copy).returncode == 0
+    run = copy / 'fp8_e4m3:recipe=current,grad=loss' / \
+        'resnet20-fashion_mnist-adaptive-s5'
+    config = run / 'config.yaml'
+    config.write_text(config.read_text().replace('lr: 0.05', 'lr: 0.1'))
+    results = json.loads((copy / 'results.json').read_text())
+    for r in results['fp8_e4m3:recipe=current,grad=loss|resnet20|adaptive']:
+        if r['seed'] == 5:       # as the table step would record it
+            r['config_sha256'] = hashlib.sha256(
+                config.read_bytes()).hexdigest()
+    (copy / 'results.json').write_text(json.dumps(results))
+    got = recompute(copy)
+    assert got.returncode == 1
+    assert got.stdout.count('MISMATCH') == 1, got.stdout
+    assert ("**1 pooled runs ran another config than this table's** (the "
+            "keys that differ): resnet20 fp8_e4m3:recipe=current,grad=loss "
+            "adaptive seed 5 (train.lr)") in got.stdout
+    # the table step, re-run, prints the line: the script agrees
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'experiments', 'depth_study.py'),
+         '--config', os.path.join(ROOT, 'configs',
+                                  'loss_gradient_prereg.yaml'),
+         '--out', str(out), '--table-only'], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'ran another config' in (copy / 'table1.md').read_text()
+    assert recompute(copy).returncode == 0
+
+
+def test_pooled_runs_of_two_data_sets_are_recomputed(tmp_path):
+    """The table step names pooled runs whose run.json data records differ
+    (their files' fingerprint); the script recomputes that line."""
+    out = tmp_path / 'out'
+    copy = out / 'loss_gradient_prereg'
+    shutil.copytree(PREREG, str(copy))
+    for path in copy.glob('*/*/run.json'):
+        r = json.loads(path.read_text())
+        other = r['seed'] == 6 and r['mode'] == 'adaptive'
+        r['data'] = {'roots': {}, 'files': {},
+                     'fingerprint': ('b' if other else 'a') * 64}
+        path.write_text(json.dumps(r))
+    got = recompute(copy)
+    assert got.returncode == 1 and got.stdout.count('MISMATCH') == 1
+    assert 'bbbbbbbbbb (1: resnet20 fp8_e4m3:recipe=current,grad=loss ' \
+        'adaptive seed 6)' in got.stdout
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'experiments', 'depth_study.py'),
+         '--config', os.path.join(ROOT, 'configs',
+                                  'loss_gradient_prereg.yaml'),
+         '--out', str(out), '--table-only'], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'read different data files' in (copy / 'table1.md').read_text()
+    assert recompute(copy).returncode == 0, recompute(copy).stdout

@@ -246,12 +246,21 @@ def pooled_config(study, cfg, cell, folder):
 
 def provenance_note(runs):
     """Footnote of what the pooled runs ran: those whose config differs
-    from the table's in a key that determines the numbers (named), those
-    whose config could not be checked, and the commits they ran at."""
+    from the table's in a key that determines the numbers (named), the
+    runs of each data set where their data records name more than one (a
+    config's data keys name a folder, not the files in it), those whose
+    config could not be checked, and the commits they ran at."""
     differ, unknown, commits = [], 0, collections.Counter()
+    data = collections.defaultdict(list)
     for (p, m, mode), rs in sorted(runs.items()):
         for r in rs:
             commits[(r.get('git_commit') or 'unknown')[:10]] += 1
+            record = r.get('data')
+            if isinstance(record, dict) and record.get('fingerprint'):
+                # the data files a run read (run.json's data record): two
+                # fingerprints are two data sets pooled in one table
+                data[record['fingerprint'][:10]].append(
+                    '{} {} {} seed {}'.format(m, p, mode, r.get('seed')))
             keys = r.get('config_differs', None)
             if 'config_differs' not in r or keys is None:
                 unknown += 1
@@ -264,6 +273,13 @@ def provenance_note(runs):
                      "table's** (the keys that differ): {}.".format(
                          len(differ), '; '.join(differ[:8]) + (
                              '; …' if len(differ) > 8 else '')))
+    if len(data) > 1:
+        lines.append('**The pooled runs read different data files** (the '
+                     'fingerprint of their data record: runs): {}.'.format(
+                         '; '.join('{} ({}: {}{})'.format(
+                             fp, len(names), ', '.join(names[:2]),
+                             ', …' if len(names) > 2 else '')
+                             for fp, names in sorted(data.items()))))
     if unknown:
         lines.append('{} pooled runs have no config.yaml to check (runs '
                      'reused from a results.json): their config is '
@@ -324,6 +340,27 @@ def _ascending(items):
     return sorted(items, key=lambda kv: _fixed_scale(kv[0]))
 
 
+def _design_sweep(path):
+    """{(precision, model): {mode: [run dict]}} of the fixed runs of a
+    results.json (the precision's and the mode's canonical text)."""
+    sweep = collections.defaultdict(collections.OrderedDict)
+    for (precision, model, mode, seed), r in _reused(path).items():
+        if mode.startswith('fixed:'):
+            key = (str(parse_precision(precision)), model)
+            sweep[key].setdefault(mode, []).append(r)
+    return sweep
+
+
+@functools.lru_cache(maxsize=4)
+def chosen_splits(path):
+    """{(precision, model): 'validation' | 'test'}: the split each of
+    :func:`chosen_scales`' choices was made on — the other grid's runs',
+    not this one's (a confirmation's own runs may record a selection split
+    that the choice never saw)."""
+    return {key: selection_split([r for rs in modes.values() for r in rs])
+            for key, modes in _design_sweep(path).items()}
+
+
 @functools.lru_cache(maxsize=4)
 def chosen_scales(path):
     """{(precision, model): 'S'}: per depth and precision, the fixed scale
@@ -332,15 +369,10 @@ def chosen_scales(path):
     :func:`held_out_fixed`, a tie keeps the smaller scale and a scale
     with a run that did not finish is no candidate — here on any seed of
     the file (there is no scored seed among them)."""
-    sweep = collections.defaultdict(collections.OrderedDict)
-    for (precision, model, mode, seed), r in _reused(path).items():
-        if mode.startswith('fixed:'):
-            key = (str(parse_precision(precision)), model)
-            sweep[key].setdefault(mode, []).append(r)
+    sweep = _design_sweep(path)
     out = {}
     for key, modes in sweep.items():
-        split = SPLIT_KEYS[selection_split(
-            [r for rs in modes.values() for r in rs])]
+        split = SPLIT_KEYS[chosen_splits(path)[key]]
         best = None
         for mode, rs in _ascending(modes.items()):
             accs = [_accuracy(r, split) for r in rs]
@@ -915,10 +947,21 @@ def plot_fig4b(records, modes, path, title):
 def split_note(cfg, runs):
     """Which images chose the held-out fixed scale of each depth and
     precision (issue 47): the selection split or, for runs that recorded
-    none, the test images the tables report."""
+    none, the test images the tables report. With
+    ``study.choose_fixed_on`` the choice was made on that file's runs, so
+    its runs say which split chose (:func:`chosen_splits`), for each depth
+    and precision with runs here that it chose a scale for."""
     by_split = collections.defaultdict(list)
+    path = getattr(getattr(cfg, 'study', None), 'choose_fixed_on', '')
+    elsewhere = chosen_splits(path) if path else None
     for m in cfg.grid.models:
         for p in (str(p) for p in cfg.grid.precisions):
+            if elsewhere is not None:
+                here = any(pp == p and mm == m and rs
+                           for (pp, mm, _), rs in runs.items())
+                if here and (p, m) in elsewhere:
+                    by_split[elsewhere[p, m]].append('{} {}'.format(m, p))
+                continue
             sweep = [r for (pp, mm, mode), rs in runs.items()
                      if pp == p and mm == m and mode.startswith('fixed:')
                      for r in rs]
@@ -937,12 +980,25 @@ def split_note(cfg, runs):
             + '.') if parts else ''
 
 
+#: what chose the main table's Fixed (best) column (issue 47: the tables
+#: say which images chose what): the best mean *test* accuracy of these
+#: very runs, an in-sample oracle — never the selection split, and no
+#: verdict is drawn against it (the paired tables use the held-out scale)
+BEST_NOTE = (' Fixed (best) = the scale with the best mean final test '
+             'accuracy over these runs: chosen on the test images it is '
+             'scored on (in-sample, an upper bound for a fixed scale; no '
+             'verdict uses it).')
+
+
 def write_outputs(cfg, out, runs, left=()):
     folder = os.path.join(out, cfg.table)
     os.makedirs(folder, exist_ok=True)
     t1 = ('**Depth study: final test accuracy (%), Fashion-MNIST**\n\n'
           + table1(cfg, runs) + '\n\nmean ± sample std over seeds '
-          '(n = finished runs); [k skipped] = mean skipped steps per run.\n')
+          '(n = finished runs); [k skipped] = mean skipped steps per run.'
+          + (BEST_NOTE if any(mode.startswith('fixed:') and rs for
+                              (_, _, mode), rs in runs.items()) else '')
+          + '\n')
     t4 = ('**Fixed loss scale sweep per depth (Table 4 style)**\n\n'
           + table4(cfg, runs) + '\n')
     t1 += ('\n**Each method against the fixed scale chosen on the other '
