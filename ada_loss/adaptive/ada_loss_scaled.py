@@ -588,6 +588,11 @@ _NOT_GEMMS = (chainer.links.EmbedID,)
 INIT_RULES = (None, 'auto', 'amax', 'format')
 
 
+#: FP16's smallest normal number: formats whose smallest normal is at most
+#: this are left at α_{N+1} = 1 by ``init_scale='format'``
+FP16_SMALLEST_NORMAL = 2.0 ** -14
+
+
 def format_rule(fmt, rows):
     """The rule ``init_scale='format'`` follows for a loss gradient of
     ``rows`` rows stored in ``fmt``: ``'amax'`` where 1/rows — the largest
@@ -595,8 +600,17 @@ def format_rule(fmt, rows):
     below the format's smallest normal number, else None (α_{N+1} = 1).
     Decided from shapes only (no read of a device array): it assumes a
     loss averaged over the rows, and takes the amax rule for a summed or
-    otherwise normalized loss of as many rows too."""
-    if rows and 2.0 ** fmt.emin > 1.0 / rows:
+    otherwise normalized loss of as many rows too.
+
+    Formats with at least FP16's range (smallest normal ≤ 2^-14: FP16,
+    BF16, E5M2) always keep α_{N+1} = 1, the scope the pre-registration
+    named (docs/depth_study.md, "Pre-registered"): they hold 1/B as a
+    normal number for every batch a classifier trains with (B ≤ 2^14),
+    and a dense head's rows (N·H·W: SSD512's first head has 2^15 at batch
+    8) overstate the B its loss is divided by (SSD's: the positive
+    matches), so there the rows are no evidence of an underflowing loss
+    gradient; nothing was tested in them."""
+    if rows and 2.0 ** fmt.emin > max(1.0 / rows, FP16_SMALLEST_NORMAL):
         return 'amax'
     return None
 
