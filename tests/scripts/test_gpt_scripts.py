@@ -114,3 +114,28 @@ def test_flush_probe_refuses_a_run_not_at_its_end(tmp_path):
     with pytest.raises(SystemExit, match='holds iteration 5, the run ended '
                        'at 10'):
         probe.main(['--run', run])
+
+
+def test_weight_cast_counts_planted_weights():
+    """Planted weights: 2^-8 is subnormal in E4M3 and kept unscaled (its
+    subnormal step is 2^-9), 2^-11 flushes; scaled to 448 neither is below
+    the smallest normal; 1.0 and 448 cast exactly."""
+    import numpy
+    cast = load('scripts/gpt_weight_cast.py')
+    w = {'a': numpy.array([1.0, 2.0 ** -8, 2.0 ** -11, 0.0], numpy.float32)}
+    below, flushed, rel = cast.cast_stats(w, scaled=False)
+    assert below == 2 / 3 and flushed == 1 / 3
+    assert abs(rel - 2.0 ** -11 / (1 + 2.0 ** -16 + 2.0 ** -22) ** 0.5) < 1e-9
+    below, flushed, rel = cast.cast_stats(w, scaled=True)
+    assert below == 0 and flushed == 0 and rel == 0.0
+
+
+def test_weight_cast_reads_a_run(tmp_path, capsys):
+    cast = load('scripts/gpt_weight_cast.py')
+    run, _ = _tiny_run(tmp_path, 'float32', 'fp32')
+    ws = cast.weights(run)
+    assert {'blocks/0/attn/c_attn/W', 'wte/W'} <= set(ws)
+    assert all(w.dtype == 'float32' for w in ws.values())
+    cast.main([run])
+    out = capsys.readouterr().out
+    assert 'unscaled' in out and 'per-tensor amax -> 448' in out
