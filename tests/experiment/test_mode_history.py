@@ -4,6 +4,7 @@ defaults included), and the depth and GPT tables footnote a pooled run
 recorded before the change (plain ``adaptive``, no ``mode_resolved``) whose
 loss-gradient format cannot hold 1/B as a normal number: it ran with
 α_{N+1} = 1, not today's ``adaptive``. Planted run folders."""
+import inspect
 import json
 import os
 
@@ -43,7 +44,6 @@ def test_resolved_mode_writes_every_option_and_builds_the_same(mode,
     name = parse_mode(mode).name
     # every keyword of the method is written out (none left to a default)
     cls = type(make_loss_scaling(mode, precision))
-    import inspect
     keys = set(inspect.signature(cls.__init__).parameters) - {'self'}
     written = dict(kv.split('=') for kv in text.partition(':')[2].split(','))
     assert set(written) == keys
