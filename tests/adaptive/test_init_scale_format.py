@@ -91,6 +91,22 @@ def test_format_rule_is_amax_in_e4m3_at_batch_128():
     _same(_train(precision, 'adaptive', 64), constant)
 
 
+@pytest.mark.parametrize('precision', [
+    'fp8_e4m3:recipe=current', 'mxfp8', 'nvfp4', 'fp8:recipe=blockwise'])
+def test_scaled_casts_absorb_the_default_alpha(precision):
+    """In a scaled precision without ``grad=loss`` the default does scale
+    the loss gradient (E4M3 / E2M1 cannot hold 1/128 as a normal number),
+    but the recipe's per-tensor or per-block cast of each gradient takes a
+    power of two through exactly: the run equals ``init_scale=1`` to the
+    bit. (Not so with ``recipe=delayed``: its amax history mixes the steps'
+    α_{N+1}, docs/modes.md.)"""
+    default = _train(precision, 'adaptive', 128)
+    assert max(default[1]) > 1.0
+    constant = _train(precision, 'adaptive:init_scale=1', 128)
+    for k in default[0]:
+        assert default[0][k].tobytes() == constant[0][k].tobytes(), k
+
+
 def test_init_scale_1_is_the_papers_constant_in_e4m3():
     """``adaptive:init_scale=1`` (the default before issue 47): α_{N+1}
     stays 1 in E4M3 at B = 128, where the default scales the loss gradient,
