@@ -42,30 +42,31 @@ class AdaLossScaled(object):
 
     Args:
         model (chainer.Link): the model (converted in place).
-        init_scale (float or 'auto'): α_{N+1}, the scale of the loss
-            gradient (§3.1). ``'auto'`` (*not in the paper*): start at 1,
-            then set it from the loss gradient's own statistics by Eq. 1
-            (:func:`~ada_loss.loss_scale.gemm.loss_gradient_scale`), measured
-            on the pass before each β update so that the new α_{N+1} and the
-            new β's (which depend on it) start together; CPU only for now.
+        init_scale (float, 'format', 'amax' or 'auto'): α_{N+1}, the scale
+            of the loss gradient (§3.1). A number: that constant (the
+            paper's is 1: ``init_scale=1.0``). ``'format'`` (the default
+            since issue 47's pre-registered test, docs/depth_study.md;
+            *not in the paper*): ``'amax'`` where the format cannot hold
+            1/B as a normal number (its smallest normal 2^emin above 1/B,
+            B the loss gradient's rows: a mean-reduced softmax
+            cross-entropy has entries of magnitude ≤ 1/B — at B = 128 in
+            E4M3 the whole loss gradient is subnormal at α = 1), else
+            α_{N+1} = 1 untouched, the paper's constant; formats of FP16's
+            range or more (FP16, BF16, E5M2) always keep it, whatever the
+            rows (bit-identical to ``init_scale=1.0``; decided from the
+            loss gradient's shape, :func:`format_rule`).
+            ``'auto'`` (*not in the paper*): start at 1, then set it from
+            the loss gradient's own statistics by Eq. 1
+            (:func:`~ada_loss.loss_scale.gemm.loss_gradient_scale`),
+            measured on the pass before each β update so that the new
+            α_{N+1} and the new β's (which depend on it) start together.
             ``'amax'`` (*not in the paper*): the same, but α_{N+1} puts the
             loss gradient's largest entry into the format's top binade
             (:func:`~ada_loss.loss_scale.fit.top_binade_scale`): a softmax
             gradient is one large entry per row and many tiny ones, which
-            Eq. 1's Gaussian does not model. ``'format'`` (*not in the
-            paper*; the candidate default of the pre-registered test in
-            docs/depth_study.md): ``'amax'`` where the format cannot hold
-            1/B as a normal number (its smallest normal 2^emin above 1/B,
-            B the loss gradient's rows: a mean-reduced softmax
-            cross-entropy has entries of magnitude ≤ 1/B — at B = 128 in
-            E4M3 the whole loss gradient is subnormal at α = 1), else α_{N+1}
-            = 1 untouched (bit-identical to the default: BF16 always, FP16
-            and E5M2 below 2^15 rows). B is read from the shape, whatever
-            the loss's reduction: a convolution head's loss gradient has
-            N·H·W rows, so in FP16 SSD512 at batch 8 (first head 8·64·64 =
-            2^15 rows, a loss divided by its positive matches) takes the
-            amax rule although its loss gradient is normal there
-            (tests/adaptive/test_init_scale_format.py).
+            Eq. 1's Gaussian does not model. The rules run on the host and
+            on a device (``device.loss_gradient_alpha``, no read; captured
+            by the CUDA-graph step).
         t_uf (float): T_uf, the allowed underflow rate (§3.2.1).
         update_interval (int): recompute β every this many backward passes
             and reuse the last β in between (§4.3).
@@ -133,7 +134,8 @@ class AdaLossScaled(object):
         verbose (bool): print which layers were converted.
     """
 
-    def __init__(self, model, init_scale=1.0, t_uf=1e-3, update_interval=1,
+    def __init__(self, model, init_scale='format', t_uf=1e-3,
+                 update_interval=1,
                  fmt='float16', bound=None,
                  max_layer_scale=None, max_accum_scale=None, guard=True,
                  backoff_window=100, style='paper', nonlinear_scale=True,
@@ -148,8 +150,8 @@ class AdaLossScaled(object):
                 "style='authors' has one overflow bound, the authors' "
                 "(bound=fan_in), always on; got bound={!r}".format(bound))
         #: how α_{N+1} is set from the loss gradient: None (a constant,
-        #: the paper's), 'auto' (Eq. 1) or 'amax' (its peak in the top
-        #: binade)
+        #: the paper's), 'auto' (Eq. 1), 'amax' (its peak in the top
+        #: binade) or 'format' ('amax' where 1/B is not normal, else None)
         self.init_rule = init_scale if isinstance(init_scale, str) else None
         self.auto_init = self.init_rule is not None
         if self.init_rule not in INIT_RULES:
@@ -199,6 +201,8 @@ class AdaLossScaled(object):
         self._skip_run = 0
         self._clean_steps = 0
         self._last_pass = None
+        # resumed from a snapshot without α_{N+1} (:meth:`serialize`)
+        self._constant_snapshot = False
         self._records = collections.OrderedDict()
         self._foreign_reported = set()
         self.converted, self.not_converted = self._convert(model)
@@ -401,6 +405,14 @@ class AdaLossScaled(object):
             rule = format_rule(self.fmt, entry.rows())
             if rule is None:
                 entry = None        # 1/B is normal here: α_{N+1} stays 1
+            elif self._constant_snapshot:
+                raise ValueError(
+                    'this run resumed from a snapshot with a constant '
+                    'alpha_(N+1) (the default before init_scale=format), '
+                    'and init_scale=format would now scale its loss '
+                    "gradient by the amax rule ({} cannot hold 1/{} as a "
+                    'normal number): resume it with adaptive:init_scale=1'
+                    .format(self.fmt, entry.rows()))
         if isinstance(entry, _DeviceLossGradient):
             # decided on the device (no read): the old α_{N+1} stays where
             # the loss is not finite or no GEMM received its gradient
@@ -541,8 +553,18 @@ class AdaLossScaled(object):
         and, with ``init_scale='auto'``, α_{N+1} (for resume)."""
         self.iteration = int(serializer('iteration', self.iteration))
         if self.auto_init:
-            self.init_scale = float(serializer('init_scale',
-                                              host_float(self.init_scale)))
+            try:
+                self.init_scale = float(serializer(
+                    'init_scale', host_float(self.init_scale)))
+            except KeyError:
+                if self.init_rule != 'format':
+                    raise
+                # a snapshot of a run whose α_{N+1} was a constant: one of
+                # `adaptive` from before init_scale='format' became the
+                # default. Where the rule keeps α_{N+1} = 1 the run goes on
+                # as it ran; where it would switch to 'amax' the first
+                # backward refuses (a silent switch mid-run)
+                self._constant_snapshot = True
         if self.guard:
             self._serialize_backoff(serializer)
         keys = sorted(self._betas, key=str)

@@ -74,7 +74,7 @@ from ada_loss.experiment.summaries import finite, summarize
 from ada_loss.experiment.trainer_extensions import (
     evaluator, extend_trainer, final_loss_scales)
 from ada_loss.precision import parse_precision
-from ada_loss.scaling import resolve_precision
+from ada_loss.scaling import resolve_precision, resolved_mode
 from ada_loss.training.cuda_graph import install as install_cuda_graph
 from ada_loss.training.triggers import StopAt
 
@@ -101,10 +101,18 @@ def run_precision(mode, precision=None):
     return parse_precision(resolve_precision(mode, precision))
 
 
-def mode_fields(spec):
-    """The ``run.json`` fields of a loss-scaling mode."""
+def mode_fields(spec, precision=None):
+    """The ``run.json`` fields of a loss-scaling mode: its canonical text
+    (options at their default left out), name and options, and
+    ``mode_resolved``, the text with every option's value, defaults
+    included, in the run's ``precision``
+    (:func:`ada_loss.scaling.resolved_mode`): a default that changes later
+    cannot change what a recorded run meant (issue 47: ``adaptive``'s
+    ``init_scale`` was 1 before it became ``format``)."""
     return [('mode', str(spec)), ('mode_name', spec.name),
-            ('mode_options', spec.options)]
+            ('mode_options', spec.options),
+            ('mode_resolved', resolved_mode(spec, None if precision is None
+                                            else str(precision)))]
 
 
 class TrainingStudy(Study):

@@ -2,7 +2,11 @@
 
 Fields: ``name``, ``table``, ``model``, ``dataset``, ``mode`` (the mode
 string with its options, ``str(parse_mode(mode))``), ``mode_name``,
-``mode_options``, ``seed``, ``precision`` (its canonical name),
+``mode_options``, ``mode_resolved`` (the mode with every option's value,
+defaults included, in the run's precision:
+:func:`ada_loss.scaling.resolved_mode`; absent from runs recorded before
+issue 47 moved ``adaptive``'s ``init_scale`` default from 1 to ``format``),
+``seed``, ``precision`` (its canonical name),
 ``git_commit`` (``git rev-parse
 HEAD`` or null), ``status`` (``running`` / ``finished`` / ``diverged`` /
 ``interrupted``: stopped by Ctrl-C),

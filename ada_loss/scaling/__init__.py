@@ -12,12 +12,15 @@
                    ``decr_every_n_nan_or_inf``, ``incr_ratio``,
                    ``decr_ratio``); all: ``min_scale``, ``max_scale``
 ``adaptive[:k=v]`` layer-wise adaptive scaling (this paper); keys
-                   ``init_scale``, ``t_uf``, ``update_interval``, ``fmt``,
-                   ``bound``, ``max_layer_scale``,
-                   ``max_accum_scale``, ``nonlinear_scale``, ``split_scales``
-``amax[:k=v]``     max-based layer-wise scaling; keys ``init_scale``,
-                   ``margin``, ``history``, ``fmt``, ``max_accum_scale``,
+                   ``init_scale`` (default ``format``: the paper's 1 where
+                   the gradient format holds 1/B as a normal number, else
+                   ``amax``; ``init_scale=1``: the paper's), ``t_uf``,
+                   ``update_interval``, ``fmt``, ``bound``,
+                   ``max_layer_scale``, ``max_accum_scale``,
                    ``nonlinear_scale``, ``split_scales``
+``amax[:k=v]``     max-based layer-wise scaling; keys ``init_scale`` (a
+                   number, default 1), ``margin``, ``history``, ``fmt``,
+                   ``max_accum_scale``, ``nonlinear_scale``, ``split_scales``
 =================  ========================================================
 
 Every method targets the range of the gradient format of the run's precision
@@ -29,4 +32,4 @@ from ada_loss.scaling.methods import (  # NOQA
     NoScaling)
 from ada_loss.scaling.modes import (  # NOQA
     MODES, LossScalingSpec, make_loss_scaling, parse_mode,
-    resolve_precision)
+    resolve_precision, resolved_mode)

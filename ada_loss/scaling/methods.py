@@ -153,7 +153,9 @@ class DynamicScaling(LossScaling):
 class AdaptiveScaling(LossScaling):
     """``adaptive``: layer-wise adaptive loss scaling (the paper); options
     as :class:`ada_loss.AdaLossScaled`. ``fmt`` defaults to the precision's
-    gradient format."""
+    gradient format; ``init_scale`` to ``'format'`` (α_{N+1} = 1, the
+    paper's, wherever the gradient format holds 1/B as a normal number;
+    ``init_scale=1`` is the paper's constant everywhere)."""
 
     recovers = True
     _impl = 'AdaLossScaled'
@@ -164,7 +166,7 @@ class AdaptiveScaling(LossScaling):
                     'update_interval': 'int', 'max_layer_scale': 'cap',
                     'max_accum_scale': 'cap', 'backoff_window': 'int'}
 
-    def __init__(self, init_scale=1.0, t_uf=1e-3, update_interval=1,
+    def __init__(self, init_scale='format', t_uf=1e-3, update_interval=1,
                  fmt=None, bound=None, max_layer_scale=None,
                  max_accum_scale=None, guard=True, backoff_window=100,
                  style='paper', nonlinear_scale=True, split_scales=True):
@@ -221,7 +223,8 @@ class AdaptiveScaling(LossScaling):
     def scale(self):
         """α_{N+1}, the scale the next backward starts from."""
         if self.ada is not None:
-            # α_{N+1} set on the device (init_scale='auto'/'amax') is read
+            # α_{N+1} set on the device (init_scale='format'/'amax'/
+            # 'auto') is read
             # when asked (the updater reports it every step)
             return host_float(self.ada.init_scale)
         init = self.options['init_scale']

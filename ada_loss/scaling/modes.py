@@ -255,6 +255,32 @@ def parse_mode(spec):
     return LossScalingSpec(name, _canonical_options(name, options))
 
 
+def resolved_mode(mode, precision=None):
+    """The canonical text of ``mode`` with *every* option written out, its
+    defaults included (``adaptive`` in fp8_e4m3 is
+    ``adaptive:backoff_window=100,bound=output,fmt=fp8_e4m3,...,
+    init_scale=format,...``): what the mode meant when a run ran, which a
+    later change of a default cannot change (issue 47: ``adaptive``'s
+    ``init_scale`` default moved from 1 to ``format``). ``fmt`` None is the
+    format the method targets in ``precision`` (float16 when None),
+    ``bound`` None the style's; a dynamic mode's options are its style's.
+    It parses back to a mode that builds the same method in ``precision``."""
+    spec = parse_mode(mode)
+    if spec.name in ('fp32', 'none', 'fixed'):
+        return str(spec)
+    options = dict(_option_defaults(spec.name))
+    if spec.name == 'dynamic':
+        style = check_style(spec.options.get('style') or 'pytorch')
+        options = dict(style_defaults(style), style=style)
+    options.update(spec.options)
+    if 'fmt' in options:
+        options['fmt'] = make_loss_scaling(spec, precision).fmt.name
+    if spec.name == 'adaptive' and options.get('bound') is None:
+        options['bound'] = 'fan_in' if options.get('style') == 'authors' \
+            else 'output'
+    return str(LossScalingSpec(spec.name, options))
+
+
 def resolve_precision(mode, precision=None):
     """The precision a run uses (its canonical name): ``fp32`` implies
     float32, other modes default to mixed16.

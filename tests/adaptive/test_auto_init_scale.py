@@ -249,8 +249,9 @@ def test_options():
         make_loss_scaling('adaptive:init_scale=often')
     with pytest.raises(ValueError, match='option of adaptive'):
         make_loss_scaling('amax:init_scale=auto')
-    # a fixed α_{N+1} is not serialized (snapshots of before stay loadable)
-    ada = AdaLossScaled(chainer.Chain(), verbose=False)
+    # a fixed α_{N+1} (the paper's 1; no longer the default) is not
+    # serialized (snapshots of before stay loadable)
+    ada = AdaLossScaled(chainer.Chain(), init_scale=1.0, verbose=False)
     target = {}
     chainer.serializers.DictionarySerializer(target).save(ada)
     assert 'init_scale' not in target

@@ -13,6 +13,7 @@ from functools import partial
 
 from ada_loss.experiment import runner
 from ada_loss.experiment.studies.classification import STUDY
+from ada_loss.scaling import resolved_mode
 
 main = partial(runner.main, STUDY)
 
@@ -47,6 +48,11 @@ def test_two_iteration_run_writes_its_folder(mode, tiny_config, out_dir):
     assert info['status'] == 'finished'
     assert info['mode'] == mode and info['mode_name'] == mode.split(':')[0]
     assert info['precision'] == DTYPE.get(mode, 'mixed16')
+    # every option written out (issue 47: a default may change later)
+    assert info['mode_resolved'] == resolved_mode(mode, info['precision'])
+    if mode == 'adaptive':
+        assert 'init_scale=format' in info['mode_resolved']
+        assert 'fmt=float16' in info['mode_resolved']
     assert info['seed'] == 0 and info['iterations'] == 2
     assert 0 <= info['final_test_accuracy'] <= 1
     assert info['best_test_accuracy'] >= info['final_test_accuracy']

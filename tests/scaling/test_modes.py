@@ -63,7 +63,10 @@ def test_parse_valid(mode, name, options, text):
     ('amax:margin=8', 'amax'),
     ('amax:margin=8.0,history=16', 'amax'),
     ('adaptive:guard=true', 'adaptive'),
-    ('Adaptive:guard=TRUE,init_scale=1,t_uf=1e-3', 'adaptive'),
+    ('Adaptive:guard=TRUE,init_scale=Format,t_uf=1e-3', 'adaptive'),
+    # the paper's constant α_{N+1} = 1 is no longer the default (issue 47)
+    ('Adaptive:guard=TRUE,init_scale=1,t_uf=1e-3', 'adaptive:init_scale=1'),
+    ('adaptive:init_scale=1.0', 'adaptive:init_scale=1'),
     ('adaptive:init_scale=AUTO', 'adaptive:init_scale=auto'),
     ('adaptive:update_interval=100.0', 'adaptive:update_interval=100'),
     ('adaptive:bound=Product,guard=false', 'adaptive:bound=product,'
@@ -86,6 +89,10 @@ def test_canonical_keeps_what_differs():
         'dynamic:interval=100,style=chainer'
     assert parse_mode('amax:margin=2') != parse_mode('amax')
     assert parse_mode('adaptive:init_scale=auto') != parse_mode('adaptive')
+    assert parse_mode('adaptive:init_scale=1') != parse_mode('adaptive')
+    assert parse_mode('adaptive:init_scale=amax') != parse_mode('adaptive')
+    # amax's α_{N+1} stays the constant 1 by default
+    assert str(parse_mode('amax:init_scale=1')) == 'amax'
     assert parse_mode('adaptive:guard=false') != parse_mode('adaptive')
 
 

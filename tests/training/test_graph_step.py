@@ -165,7 +165,10 @@ MODES = [
     'dynamic:style=chainer,interval=3,init_scale=8192',
     'dynamic:style=tf,init_scale=65536,incr_every_n_steps=4,'
     'decr_every_n_nan_or_inf=1',
-    'adaptive', 'adaptive:update_interval=3,backoff_window=5',
+    # adaptive's default (init_scale=format: α_{N+1} = 1 in FP16) and the
+    # paper's constant path it no longer takes by default
+    'adaptive', 'adaptive:init_scale=1',
+    'adaptive:update_interval=3,backoff_window=5',
     'adaptive:init_scale=auto,update_interval=2', 'adaptive:guard=false',
     'amax:history=4',
 ]

@@ -399,8 +399,8 @@ class ClassificationStudy(RC.TrainingStudy):
         cell = run.cell
         return [('name', run_name(cell)), ('table', run.table),
                 ('model', cell.model), ('dataset', cell.dataset)] + \
-            RC.mode_fields(run.mode) + [('seed', cell.seed),
-                                        ('precision', str(run.precision))]
+            RC.mode_fields(run.mode, run.precision) + [
+                ('seed', cell.seed), ('precision', str(run.precision))]
 
     def load_data(self, run, cache):
         key = (run.cell.dataset, repr(run.config.data))

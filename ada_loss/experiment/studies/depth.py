@@ -43,6 +43,8 @@ from ada_loss.experiment import runinfo as R
 from ada_loss.experiment import verdicts as V
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.data import dataset_info
+from ada_loss.experiment.mode_history import (
+    constant_alpha_note, ran_with_constant_alpha)
 from ada_loss.experiment.modes import column_label, mode_columns
 from ada_loss.experiment.runner import config_changes, decide, run_locked
 from ada_loss.experiment.studies import classification
@@ -230,7 +232,8 @@ def pooled_config(study, cfg, cell, folder):
     pooled runs must share the table's config): ``config_sha256`` of its
     ``config.yaml`` and ``config_differs``, the keys that determine the
     numbers and differ from the cell's config now (None: no readable
-    ``config.yaml``, so unverified)."""
+    ``config.yaml``, so unverified), and ``batchsize``, the batch size it
+    ran (the loss gradient's rows: :func:`provenance_note`)."""
     path = os.path.join(folder, R.CONFIG_YAML)
     try:
         with open(path, 'rb') as f:
@@ -238,22 +241,36 @@ def pooled_config(study, cfg, cell, folder):
         saved = C.read_yaml(path)
     except (OSError, C.ConfigError):
         return {'config_differs': None}
-    return {'config_sha256': hashlib.sha256(raw).hexdigest(),
-            'config_differs': config_changes(
-                saved, C.to_plain(study.run_config(cfg, cell)),
-                study.not_compared)}
+    out = {'config_sha256': hashlib.sha256(raw).hexdigest(),
+           'config_differs': config_changes(
+               saved, C.to_plain(study.run_config(cfg, cell)),
+               study.not_compared)}
+    batchsize = (saved.get('train') or {}).get('batchsize') \
+        if isinstance(saved, dict) else None
+    if isinstance(batchsize, int):
+        out['batchsize'] = batchsize
+    return out
 
 
-def provenance_note(runs):
+def provenance_note(runs, batchsize=None):
     """Footnote of what the pooled runs ran: those whose config differs
     from the table's in a key that determines the numbers (named), the
     runs of each data set where their data records name more than one (a
     config's data keys name a folder, not the files in it), those whose
-    config could not be checked, and the commits they ran at."""
+    config could not be checked, the commits they ran at, and those that
+    ran ``adaptive`` at the old default α_{N+1} = 1 where today's default
+    (``init_scale=format``) would not
+    (:func:`~ada_loss.experiment.mode_history.ran_with_constant_alpha`; B:
+    the run's own batch size, else ``batchsize``, the table's)."""
     differ, unknown, commits = [], 0, collections.Counter()
     data = collections.defaultdict(list)
+    constant = []
     for (p, m, mode), rs in sorted(runs.items()):
         for r in rs:
+            if ran_with_constant_alpha(r, mode, p,
+                                       r.get('batchsize') or batchsize):
+                constant.append('{} {} {} seed {}'.format(
+                    m, p, mode, r.get('seed')))
             commits[(r.get('git_commit') or 'unknown')[:10]] += 1
             record = r.get('data')
             if isinstance(record, dict) and record.get('fingerprint'):
@@ -284,6 +301,8 @@ def provenance_note(runs):
         lines.append('{} pooled runs have no config.yaml to check (runs '
                      'reused from a results.json): their config is '
                      'unverified.'.format(unknown))
+    if constant:
+        lines.append(constant_alpha_note(constant))
     if commits:
         lines.append('Commits of the pooled runs: {}.'.format(', '.join(
             '{} ({})'.format(c, n) for c, n in sorted(commits.items()))))
@@ -1038,7 +1057,7 @@ def write_outputs(cfg, out, runs, left=()):
         t1 += ('\n**Robustness: spread over seeds and runs that collapsed '
                '(ended > {:g} points below FP32) or diverged, with Wilson\'s '
                '95 % interval**\n\n'.format(COLLAPSE_POINTS) + robust + '\n')
-    provenance = provenance_note(runs)
+    provenance = provenance_note(runs, cfg.train.batchsize)
     if provenance:
         t1 += '\n' + provenance + '\n'
     reused = sum(bool(r.get('reused')) for rs in runs.values() for r in rs)
@@ -1058,7 +1077,8 @@ def write_outputs(cfg, out, runs, left=()):
         {'{}|{}|{}'.format(*k): [{key: r.get(key) for key in (
             'seed', 'status', 'final_test_accuracy', 'final_val_accuracy',
             'skipped_steps', 'skipped_by_layer', 'wall_time_s', 'reused',
-            'git_commit', 'config_sha256', 'config_differs') if key in r}
+            'git_commit', 'config_sha256', 'config_differs',
+            'mode_resolved') if key in r}
             for r in v] for k, v in sorted(runs.items())},
         indent=1))
     return t1, t4

@@ -233,7 +233,8 @@ class DetectionStudy(RC.TrainingStudy):
         cell = run.cell
         return [('name', ssd_run_name(cell)), ('table', run.cfg.table),
                 ('model', cell.model), ('dataset', 'voc0712'),
-                ('batchsize', cell.batchsize)] + RC.mode_fields(run.mode) + \
+                ('batchsize', cell.batchsize)] + \
+            RC.mode_fields(run.mode, run.precision) + \
             [('seed', cell.seed), ('precision', str(run.precision))]
 
     def load_data(self, run, cache):

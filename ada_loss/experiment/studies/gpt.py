@@ -78,6 +78,8 @@ from ada_loss.experiment import settings
 from ada_loss.experiment import summaries
 from ada_loss.experiment import trainer_extensions
 from ada_loss.experiment import verdicts as V
+from ada_loss.experiment.mode_history import (
+    constant_alpha_note, ran_with_constant_alpha)
 from ada_loss.experiment.studies import gpt_peers
 from ada_loss.experiment.config import section, setting
 from ada_loss.experiment.iterators import WindowIterator, make_iterator
@@ -347,8 +349,8 @@ class GPTStudy(RC.TrainingStudy):
     def run_fields(self, run):
         cell = run.cell
         return [('name', run_name(cell)), ('table', run.cfg.table)] + \
-            RC.mode_fields(run.mode) + [('seed', cell.seed),
-                                        ('precision', str(run.precision))]
+            RC.mode_fields(run.mode, run.precision) + [
+                ('seed', cell.seed), ('precision', str(run.precision))]
 
     def load_data(self, run, cache):
         data = cache or self._load(run.cfg)
@@ -664,8 +666,17 @@ def results(cfg, runs):
     implementation's rows only, Holm's (``verdict``; None for a peer)."""
     ref = reference(runs)
     unigram = table_unigram(runs)
-    rows = [_row(label, by_seed, ref, unigram)
-            for label, by_seed in methods(cfg, runs)]
+    rows = []
+    # the loss gradient's rows: every token of a step's windows
+    tokens = cfg.train.batchsize * cfg.model.block_size
+    for label, by_seed in methods(cfg, runs):
+        row = _row(label, by_seed, ref, unigram)
+        # seeds that ran adaptive's old default α_{N+1} = 1 where today's
+        # (init_scale=format) would not (a footnote: render)
+        row['constant_alpha'] = sorted(
+            seed for seed, r in by_seed.items() if ran_with_constant_alpha(
+                r, r.get('mode'), r.get('precision'), tokens))
+        rows.append(row)
     # the peers answer another question (does an independent
     # implementation agree; unit scaling at its own learning rate), not
     # "does this precision or mode change our GPT's loss": kept out of
@@ -736,6 +747,10 @@ def render(rows):
             _interval(V.Paired(**r['difference'])),
             _interval(V.Paired(**r['difference_scored'])), verdict,
             V.rate_text(r['collapsed'], r['ended'])))
+    constant = ['{} seed {}'.format(r['method'], seed) for r in rows
+                for seed in r.get('constant_alpha') or ()]
+    if constant:
+        lines += ['', constant_alpha_note(constant)]
     peers = [r for r in rows if r['peer']]
     if peers:
         lines += ['', 'Peer rows: runs of the independent PyTorch peer '

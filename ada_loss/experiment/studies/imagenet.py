@@ -162,8 +162,8 @@ class ImageNetStudy(RC.TrainingStudy):
         cell = run.cell
         return [('name', run_name(cell)), ('table', run.cfg.table),
                 ('model', cell.model), ('dataset', 'imagenet')] + \
-            RC.mode_fields(run.mode) + [('seed', cell.seed),
-                                        ('precision', str(run.precision))]
+            RC.mode_fields(run.mode, run.precision) + [
+                ('seed', cell.seed), ('precision', str(run.precision))]
 
     def load_data(self, run, cache):
         d = run.cfg.data
