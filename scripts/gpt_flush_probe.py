@@ -241,6 +241,11 @@ def main(argv=None):
         details = [r for r in scaling.records if args.detail is not None
                    and r['layer'].startswith(args.detail)]
         seen = {k: v for k, v in rows.items() if v == v}    # not NaN
+        if not seen:
+            # e.g. a recipe with grad=loss: its GEMMs keep FP32 gradients
+            print('{:<28} no GEMM rounds the gradient entering it in {}'
+                  .format(mode, args.precision), flush=True)
+            continue
         worst = max(seen, key=lambda k: seen[k])
         attn = [v for k, v in seen.items() if k.endswith((':a', ':b'))]
         ok = sum(v <= 1e-3 for v in seen.values())
