@@ -460,6 +460,18 @@ PREREG = os.path.join(ROOT, 'benchmarks', 'loss_gradient_prereg',
                       'loss_gradient_prereg')
 
 
+def reprint_prereg_tables(out):
+    """The table step of the pre-registered grid's config re-run on the
+    runs under ``out`` (nothing trained)."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'experiments', 'depth_study.py'),
+         '--config', os.path.join(ROOT, 'configs',
+                                  'loss_gradient_prereg.yaml'),
+         '--out', str(out), '--table-only'], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_a_table_that_hides_a_pooled_run_of_another_config(tmp_path):
     """The table step names the pooled runs whose config.yaml is not the
     table's; the script now recomputes that line from the run folders'
@@ -488,13 +500,7 @@ def test_a_table_that_hides_a_pooled_run_of_another_config(tmp_path):
             "keys that differ): resnet20 fp8_e4m3:recipe=current,grad=loss "
             "adaptive seed 5 (train.lr)") in got.stdout
     # the table step, re-run, prints the line: the script agrees
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'experiments', 'depth_study.py'),
-         '--config', os.path.join(ROOT, 'configs',
-                                  'loss_gradient_prereg.yaml'),
-         '--out', str(out), '--table-only'], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    reprint_prereg_tables(out)
     assert 'ran another config' in (copy / 'table1.md').read_text()
     assert recompute(copy).returncode == 0
 
@@ -515,12 +521,6 @@ def test_pooled_runs_of_two_data_sets_are_recomputed(tmp_path):
     assert got.returncode == 1 and got.stdout.count('MISMATCH') == 1
     assert 'bbbbbbbbbb (1: resnet20 fp8_e4m3:recipe=current,grad=loss ' \
         'adaptive seed 6)' in got.stdout
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'experiments', 'depth_study.py'),
-         '--config', os.path.join(ROOT, 'configs',
-                                  'loss_gradient_prereg.yaml'),
-         '--out', str(out), '--table-only'], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    reprint_prereg_tables(out)
     assert 'read different data files' in (copy / 'table1.md').read_text()
     assert recompute(copy).returncode == 0, recompute(copy).stdout
